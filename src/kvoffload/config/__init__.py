@@ -1,0 +1,6 @@
+"""Configuration parsed once at the edge: sizes and per-request parameters."""
+
+from kvoffload.config.request_params import ALL_TIERS, RequestParams, TierSelector
+from kvoffload.config.sizes import parse_size
+
+__all__ = ["ALL_TIERS", "RequestParams", "TierSelector", "parse_size"]

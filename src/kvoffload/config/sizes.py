@@ -1,0 +1,41 @@
+"""Byte sizes written as numbers or strings such as "64GiB", "512MB", "1.5 GiB"."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: object, field: str) -> int:
+    """Bytes in `value` (an int, or a string with an optional unit).
+
+    Raises `ValueError` naming `field`, the value and what is allowed.
+    """
+    allowed = "a non-negative integer or a string like '64GiB', '512MB', '4096'"
+    if type(value) is int:
+        if value < 0:
+            raise ValueError(f"{field}: {value!r} is negative; expected {allowed}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match:
+            number, unit = match.groups()
+            factor = _UNITS.get(unit.lower())
+            if factor is not None:
+                return int(float(number) * factor)
+    raise ValueError(f"{field}: cannot parse {value!r} as a size; expected {allowed}")

@@ -1,0 +1,23 @@
+"""Eviction policies, registered by name (`lru`, `arc`, ...)."""
+
+from kvoffload.policies.arc import ARCPolicy
+from kvoffload.policies.base import (
+    Evictable,
+    EvictionPolicy,
+    create_policy,
+    get_policy_class,
+    policy_names,
+    register_policy,
+)
+from kvoffload.policies.lru import LRUPolicy
+
+__all__ = [
+    "ARCPolicy",
+    "Evictable",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "create_policy",
+    "get_policy_class",
+    "policy_names",
+    "register_policy",
+]

@@ -1,0 +1,131 @@
+"""Adaptive Replacement Cache (Megiddo and Modha, FAST 2003).
+
+T1 holds chunks seen once recently, T2 chunks reused; B1 and B2 remember the keys
+recently evicted from each. A new chunk found in B1 says T1 was too small (the
+target `p` grows), one found in B2 says T2 was. Eviction takes from T1 while it is
+above its target, else from T2.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence, Set
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
+
+
+@register_policy("arc")
+class ARCPolicy(EvictionPolicy):
+    """Textbook ARC mapped onto batch inserts; pinned chunks are skipped."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._t1: OrderedDict[OffloadKey, None] = OrderedDict()
+        self._t2: OrderedDict[OffloadKey, None] = OrderedDict()
+        self._b1: OrderedDict[OffloadKey, None] = OrderedDict()
+        self._b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        self._p = 0.0
+
+    @property
+    def target_t1(self) -> float:
+        """The adaptive target size of T1."""
+        return self._p
+
+    def __len__(self) -> int:
+        return len(self._t1) + len(self._t2)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._t1 or key in self._t2
+
+    def insert(self, key: OffloadKey) -> None:
+        if key in self._b1:
+            del self._b1[key]
+            self._t2[key] = None
+        elif key in self._b2:
+            del self._b2[key]
+            self._t2[key] = None
+        else:
+            self._t1[key] = None
+        self._trim_ghosts()
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._t1.pop(key, 0) == 0:
+            self._t2.pop(key, None)
+
+    def touch(
+        self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
+    ) -> None:
+        t1, t2 = self._t1, self._t2
+        for key in reversed(keys):
+            if key in t1:
+                if key in new:
+                    t1.move_to_end(key)
+                else:
+                    del t1[key]
+                    t2[key] = None
+            elif key in t2:
+                t2.move_to_end(key)
+
+    def evict(
+        self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        # Adapt the target to the incoming keys' ghost hits first, as textbook ARC
+        # does before REPLACE; committed only if the eviction succeeds.
+        p = self._p
+        b1, b2 = len(self._b1), len(self._b2)
+        last_in_b2 = False
+        for key in incoming:
+            if key in self._b1:
+                p = min(float(self.capacity), p + max(b2 / b1, 1.0))
+                last_in_b2 = False
+            elif key in self._b2:
+                p = max(0.0, p - max(b1 / b2, 1.0))
+                last_in_b2 = True
+        if n <= 0:
+            self._p = p
+            return []
+        t1_iter = (k for k in self._t1 if evictable(k))
+        t2_iter = (k for k in self._t2 if evictable(k))
+        from_t1: list[OffloadKey] = []
+        from_t2: list[OffloadKey] = []
+        t1_size = len(self._t1)
+        for _ in range(n):
+            prefer_t1 = t1_size > 0 and (
+                t1_size > p or (last_in_b2 and t1_size == int(p))
+            )
+            first, second = (t1_iter, t2_iter) if prefer_t1 else (t2_iter, t1_iter)
+            victim = next(first, None)
+            took_t1 = prefer_t1
+            if victim is None:
+                victim = next(second, None)
+                took_t1 = not prefer_t1
+            if victim is None:
+                return None
+            if took_t1:
+                from_t1.append(victim)
+                t1_size -= 1
+            else:
+                from_t2.append(victim)
+        self._p = p
+        for key in from_t1:
+            del self._t1[key]
+            self._b1[key] = None
+        for key in from_t2:
+            del self._t2[key]
+            self._b2[key] = None
+        self._trim_ghosts()
+        return from_t1 + from_t2
+
+    def _trim_ghosts(self) -> None:
+        # Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
+        c = self.capacity
+        while self._b1 and len(self._t1) + len(self._b1) > c:
+            self._b1.popitem(last=False)
+        while self._b2 and len(self) + len(self._b1) + len(self._b2) > 2 * c:
+            self._b2.popitem(last=False)
+
+    def clear(self) -> None:
+        for part in (self._t1, self._t2, self._b1, self._b2):
+            part.clear()
+        self._p = 0.0

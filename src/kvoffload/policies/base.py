@@ -1,0 +1,132 @@
+"""The eviction-policy interface and its registry.
+
+A policy orders the chunks a tier holds and picks victims; the tier manager owns
+slots, pins and in-flight writes and tells the policy, through `evictable`, which
+chunks it may not take. Policies are registered by name and can also be loaded
+from an import path (`package.module:Class`), so out-of-tree policies plug in.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence, Set
+from typing import ClassVar, TypeVar
+
+from kvoffload.keys import OffloadKey
+
+Evictable = Callable[[OffloadKey], bool]
+
+
+class EvictionPolicy(ABC):
+    """Orders resident chunks and chooses which to evict.
+
+    Contract (checked by the contract suite for every registered policy):
+    - `insert` adds a chunk that is not resident; `remove` drops one silently.
+    - `touch(keys, new)` takes one request's keys in prefix order and leaves the
+      head most recently used. Keys in `new` were stored by that same request:
+      their recency changes, but they do not count as reused. Unknown keys are
+      ignored.
+    - `evict(n, incoming, evictable)` is called before `incoming` (keys about to
+      be inserted, in prefix order) are inserted, with `n >= 0` victims needed.
+      It returns exactly `n` resident keys for which `evictable` is true and
+      removes them, or returns `None` and changes nothing (all-or-nothing).
+    - `clear` forgets everything, learned state included.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity!r}")
+        self.capacity = capacity
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of resident chunks."""
+
+    @abstractmethod
+    def __contains__(self, key: object) -> bool:
+        """Whether `key` is resident."""
+
+    @abstractmethod
+    def insert(self, key: OffloadKey) -> None:
+        """Add a chunk that was not resident."""
+
+    @abstractmethod
+    def remove(self, key: OffloadKey) -> None:
+        """Drop a chunk (a failed store, say); unknown keys are ignored."""
+
+    @abstractmethod
+    def touch(
+        self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
+    ) -> None:
+        """Record one request's access to `keys` (prefix order, head ends MRU)."""
+
+    @abstractmethod
+    def evict(
+        self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        """Choose and remove `n` evictable chunks, or return `None` and change nothing."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every chunk and all learned state."""
+
+    def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
+        """The subset of new `keys` worth storing (policies that also do admission)."""
+        return keys
+
+
+_REGISTRY: dict[str, type[EvictionPolicy]] = {}
+
+P = TypeVar("P", bound=type[EvictionPolicy])
+
+
+def register_policy(name: str) -> Callable[[P], P]:
+    """Class decorator: make a policy selectable by `name`."""
+
+    def decorate(cls: P) -> P:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"eviction policy {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def policy_names() -> list[str]:
+    """Names of the registered policies, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_policy_class(name: str) -> type[EvictionPolicy]:
+    """The policy registered as `name`, or loaded from `module:Class` / `module.Class`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"eviction_policy: {name!r} is not a policy name; "
+            f"expected one of {policy_names()} or an import path 'module:Class'"
+        )
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name or "." in name:
+        module_name, sep, attr = name.partition(":")
+        if not sep:
+            module_name, _, attr = name.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"eviction_policy: cannot import {name!r}: {exc}") from exc
+        if isinstance(obj, type) and issubclass(obj, EvictionPolicy):
+            return obj
+        raise ValueError(f"eviction_policy: {name!r} is not an EvictionPolicy subclass")
+    raise ValueError(
+        f"eviction_policy: unknown policy {name!r}; "
+        f"expected one of {policy_names()} or an import path 'module:Class'"
+    )
+
+
+def create_policy(name: str, capacity: int) -> EvictionPolicy:
+    """Instantiate the policy `name` for a tier of `capacity` chunks."""
+    return get_policy_class(name)(capacity)

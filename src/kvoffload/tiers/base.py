@@ -1,0 +1,252 @@
+"""The vocabulary of tier managers: lookup outcomes, request context, results.
+
+`OffloadingManager` is the scheduler-side bookkeeping of a tier (or of a stack of
+tiers): which chunks it holds, where, and which are pinned or being written. It
+moves no bytes; the worker does, from the slots the manager hands out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+from kvoffload.config.request_params import RequestParams
+from kvoffload.keys import OffloadKey
+
+
+class LookupResult(Enum):
+    """What a tier knows about one chunk."""
+
+    MISS = "miss"
+    """Absent."""
+    HIT = "hit"
+    """Stored and readable now."""
+    HIT_PENDING = "hit_pending"
+    """Present, but its write (or promotion) is still in flight."""
+    RETRY = "retry"
+    """Not known yet (an asynchronous tier is asking); ask again."""
+
+
+class OffloadPolicy(Enum):
+    """Which chunks of a request are offloaded."""
+
+    CHUNK_LEVEL = "chunk_level"
+    """Only chunks this request computed; prefix hits already offloaded are skipped."""
+    REQUEST_LEVEL = "request_level"
+    """Every chunk of the request, hits included (tiers that need whole contexts)."""
+    # The seeds' name for CHUNK_LEVEL; an alias, so both names compare equal.
+    BLOCK_LEVEL = "chunk_level"
+
+    @classmethod
+    def _missing_(cls, value: object) -> OffloadPolicy | None:
+        if isinstance(value, str):
+            name = value.strip().lower()
+            if name == "block_level":
+                return cls.CHUNK_LEVEL
+            for member in cls:
+                if member.value == name:
+                    return member
+        return None
+
+
+@dataclass(frozen=True)
+class RequestOffloadingContext:
+    """A request's offload policy, decided once in `on_new_request`."""
+
+    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+
+
+@dataclass(frozen=True)
+class ReqContext:
+    """A request's id, its `kv_transfer_params` and the state parsed from them."""
+
+    req_id: str
+    kv_transfer_params: Mapping[str, Any] | None = None
+    params: RequestParams = field(default_factory=RequestParams)
+
+    @classmethod
+    def create(
+        cls, req_id: str, kv_transfer_params: Mapping[str, Any] | None = None
+    ) -> ReqContext:
+        """Parse `kv_transfer_params` once (warning on bad values)."""
+        return cls(
+            req_id, kv_transfer_params, RequestParams.parse(req_id, kv_transfer_params)
+        )
+
+
+class PrefixLookup(NamedTuple):
+    """A request's keys looked up in prefix order, stopping at the first miss.
+
+    `ready` leading chunks are readable now; `present >= ready` leading chunks are
+    readable or in flight (`HIT_PENDING`); `retry` is true when the walk stopped
+    at a chunk the tier could not answer for yet.
+    """
+
+    ready: int
+    present: int
+    retry: bool = False
+
+    @property
+    def must_wait(self) -> bool:
+        """Whether asking again later may give a longer readable prefix."""
+        return self.present > self.ready or self.retry
+
+
+class PrepareStoreOutput(NamedTuple):
+    """What `prepare_store` decided: keys to write, their slots, keys evicted."""
+
+    keys_to_store: tuple[OffloadKey, ...]
+    slots: tuple[int, ...]
+    evicted_keys: tuple[OffloadKey, ...]
+
+
+@dataclass(frozen=True)
+class OffloadingEvent:
+    """Chunks that became readable (`removed=False`) or left a tier (`True`)."""
+
+    keys: tuple[OffloadKey, ...]
+    medium: str
+    removed: bool
+    tier: str = "cpu"
+
+
+@dataclass
+class TierStats:
+    """Cumulative counters and current gauges of one tier.
+
+    Counters only grow (Prometheus counters); `occupancy` and `capacity` are
+    gauges in chunks. Byte and time counters are filled by whoever moves bytes.
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    chunks_stored: int = 0
+    bytes_stored: int = 0
+    chunks_loaded: int = 0
+    bytes_loaded: int = 0
+    evictions: int = 0
+    store_skipped: int = 0
+    admission_rejected: int = 0
+    failures: int = 0
+    drops: int = 0
+    transfer_seconds: float = 0.0
+    occupancy: int = 0
+    capacity: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: float(value) for name, value in self.__dict__.items()}
+
+
+class OffloadingManager(ABC):
+    """Scheduler-side bookkeeping of the chunks held in one tier, or a tier stack.
+
+    Call order for one request: `on_new_request` once, before any lookup; then any
+    number of `lookup`/`lookup_prefix`, `prepare_load`/`complete_load` and
+    `prepare_store`/`complete_store` pairs; `on_request_finished` exactly once,
+    after the request's last prepare call. Completions of jobs already submitted
+    may still arrive after it.
+
+    Pins and in-flight writes protect chunks from eviction: a chunk passed to
+    `prepare_load` stays until the matching `complete_load`; a chunk returned by
+    `prepare_store` is not readable, and not evictable, until `complete_store`.
+    Expected outcomes are return values (`MISS`, `None`, `success=False`), never
+    exceptions.
+    """
+
+    @abstractmethod
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """Whether `key` is readable (`HIT`), in flight, unknown yet, or absent."""
+
+    def lookup_prefix(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrefixLookup:
+        """Look up a request's keys in prefix order in one call.
+
+        Counts leading `HIT`s (`ready`) and leading `HIT`/`HIT_PENDING`s
+        (`present`); stops at the first `MISS` or `RETRY`. Implementations may
+        also observe every key in `keys` (the reuse filter counts them all).
+        """
+        ready = present = 0
+        readable = True
+        for key in keys:
+            result = self.lookup(key, ctx)
+            if result is LookupResult.MISS:
+                break
+            if result is LookupResult.RETRY:
+                return PrefixLookup(ready, present, retry=True)
+            present += 1
+            if result is LookupResult.HIT and readable:
+                ready += 1
+            else:
+                readable = False
+        return PrefixLookup(ready, present)
+
+    @abstractmethod
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> tuple[int, ...]:
+        """Pin readable chunks for reading; returns their slots, in order.
+
+        Every key must be readable (`HIT`); the pins hold until `complete_load`.
+        """
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        """Mark chunks as recently used, in prefix order: the head ends most recent.
+
+        Unknown keys are ignored. Chunks the request itself stored count as
+        recency only; chunks it found already stored count as reuse.
+        """
+        del keys, ctx
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        """Unpin chunks pinned by `prepare_load`."""
+        del keys, ctx
+
+    @abstractmethod
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not yet present, evicting if needed.
+
+        Keys already present (readable or in flight) and keys the admission
+        filter rejects are left out of `keys_to_store`. Chunks in `keys`, pinned
+        chunks and chunks being written are never evicted. Atomic: `None` means
+        there is no room even after eviction, and nothing changed.
+        """
+
+    def complete_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        """Make stored chunks readable; with `success=False`, free their slots.
+
+        Keys not in flight (already completed, dropped by a reset) are ignored.
+        """
+        del keys, ctx, success
+
+    @abstractmethod
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        """First sight of a request, before any lookup: returns its offload policy."""
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        """The request will issue no more prepare calls (completions may follow)."""
+        del ctx
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Stored and removed events since the last call (empty if disabled)."""
+        return []
+
+    def on_schedule_end(self) -> None:
+        """Called once at the end of each scheduler step."""
+
+    def reset_cache(self) -> None:
+        """Drop every chunk and all state; later completions of old jobs are ignored."""
+
+    @abstractmethod
+    def get_stats(self) -> dict[str, TierStats]:
+        """A snapshot of each tier's counters, by tier name (no side effects)."""
+
+    def shutdown(self) -> None:
+        """Release resources (threads, connections)."""

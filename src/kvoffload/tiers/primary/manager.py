@@ -1,0 +1,247 @@
+"""The primary tier: host-memory bookkeeping over a fixed pool of chunk slots.
+
+`CPUOffloadingManager` owns `num_chunks` slots, an eviction policy, pins and
+in-flight writes, the reuse filter and the event stream. It moves no bytes: the
+worker copies into and out of the slots it hands out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import EvictionPolicy, create_policy
+from kvoffload.tiers.base import (
+    LookupResult,
+    OffloadingEvent,
+    OffloadingManager,
+    PrefixLookup,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    TierStats,
+)
+from kvoffload.tiers.primary.reuse_filter import ReuseFilter
+
+_NOTHING_TO_STORE = PrepareStoreOutput((), (), ())
+
+
+class CPUOffloadingManager(OffloadingManager):
+    """Bookkeeping of the host-memory pool: slots, policy, pins and events.
+
+    A chunk is *resident* from `prepare_store` on; it is *readable* once its
+    `complete_store(success=True)` arrives. Pinned chunks (being read), chunks
+    being written and the keys of the current `prepare_store` call are never
+    evicted.
+    """
+
+    name = "cpu"
+    medium = "cpu"
+
+    def __init__(
+        self,
+        num_chunks: int,
+        eviction_policy: str = "lru",
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+        enable_events: bool = False,
+    ) -> None:
+        if type(num_chunks) is not int or num_chunks < 1:
+            raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+        self._num_chunks = num_chunks
+        self._policy: EvictionPolicy = create_policy(eviction_policy, num_chunks)
+        self._filter = ReuseFilter(store_threshold, max_tracker_size)
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._slots: dict[OffloadKey, int] = {}
+        self._writing: set[OffloadKey] = set()
+        self._pins: dict[OffloadKey, int] = {}
+        self._free: list[int] = []
+        self._next_fresh = 0
+        # Keys each live request stored itself: recency, not reuse, on touch().
+        self._stored_by_request: dict[str, set[OffloadKey]] = {}
+        self._stats = TierStats(capacity=num_chunks)
+
+    # -- introspection (no side effects) -----------------------------------------
+
+    @property
+    def num_chunks(self) -> int:
+        return self._num_chunks
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._policy
+
+    def get_slot(self, key: OffloadKey) -> int | None:
+        """The slot of a readable chunk, or `None`."""
+        if key in self._writing:
+            return None
+        return self._slots.get(key)
+
+    def is_readable(self, key: OffloadKey) -> bool:
+        return key in self._slots and key not in self._writing
+
+    def num_free_slots(self) -> int:
+        return len(self._free) + self._num_chunks - self._next_fresh
+
+    # -- lookups -----------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        if self._filter.enabled:
+            self._filter.observe((key,), ctx.req_id)
+        self._stats.lookups += 1
+        if key not in self._slots:
+            return LookupResult.MISS
+        if key in self._writing:
+            return LookupResult.HIT_PENDING
+        self._stats.hits += 1
+        return LookupResult.HIT
+
+    def lookup_prefix(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrefixLookup:
+        if self._filter.enabled:
+            self._filter.observe(keys, ctx.req_id)
+        slots, writing = self._slots, self._writing
+        ready = present = 0
+        for key in keys:
+            if key not in slots:
+                break
+            present += 1
+            if ready == present - 1 and key not in writing:
+                ready += 1
+        stats = self._stats
+        stats.lookups += min(present + 1, len(keys))
+        stats.hits += ready
+        return PrefixLookup(ready, present)
+
+    # -- loads -------------------------------------------------------------------
+
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> tuple[int, ...]:
+        slots, pins = self._slots, self._pins
+        out: list[int] = []
+        for key in keys:
+            assert key in slots and key not in self._writing, (
+                "prepare_load of a non-readable chunk"
+            )
+            pins[key] = pins.get(key, 0) + 1
+            out.append(slots[key])
+        self._stats.chunks_loaded += len(out)
+        return tuple(out)
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        pins = self._pins
+        for key in keys:
+            count = pins.get(key)
+            if count is None:
+                continue  # dropped by reset_cache
+            if count <= 1:
+                del pins[key]
+            else:
+                pins[key] = count - 1
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, frozenset()))
+
+    # -- stores ------------------------------------------------------------------
+
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        slots = self._slots
+        if self._filter.enabled:
+            self._filter.observe(keys, ctx.req_id)
+        new = list(dict.fromkeys(k for k in keys if k not in slots))
+        if self._filter.enabled and new:
+            admitted = self._filter.admitted(new)
+            self._stats.admission_rejected += len(new) - len(admitted)
+            new = admitted
+        if new:
+            new = list(self._policy.admit(new))
+        if not new:
+            return _NOTHING_TO_STORE
+
+        protected = set(keys)
+        pins, writing = self._pins, self._writing
+
+        def evictable(key: OffloadKey) -> bool:
+            return key not in protected and key not in pins and key not in writing
+
+        victims = self._policy.evict(
+            max(0, len(new) - self.num_free_slots()), new, evictable
+        )
+        if victims is None:
+            self._stats.store_skipped += len(new)
+            return None
+        for key in victims:
+            self._free.append(slots.pop(key))
+        new_slots = self._allocate(len(new))
+        for key, slot in zip(new, new_slots, strict=True):
+            slots[key] = slot
+            self._policy.insert(key)
+        writing.update(new)
+        self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
+        self._stats.evictions += len(victims)
+        if victims and self._events is not None:
+            self._events.append(
+                OffloadingEvent(tuple(victims), self.medium, True, self.name)
+            )
+        return PrepareStoreOutput(tuple(new), tuple(new_slots), tuple(victims))
+
+    def _allocate(self, n: int) -> list[int]:
+        fresh = min(n, self._num_chunks - self._next_fresh)
+        out = list(range(self._next_fresh, self._next_fresh + fresh))
+        self._next_fresh += fresh
+        for _ in range(n - fresh):
+            out.append(self._free.pop())
+        return out
+
+    def complete_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        writing = self._writing
+        done = [key for key in keys if key in writing]
+        if not done:
+            return
+        writing.difference_update(done)
+        if success:
+            self._stats.chunks_stored += len(done)
+            if self._events is not None:
+                self._events.append(
+                    OffloadingEvent(tuple(done), self.medium, False, self.name)
+                )
+            return
+        self._stats.failures += len(done)
+        for key in done:
+            self._free.append(self._slots.pop(key))
+            self._policy.remove(key)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        self._stored_by_request.pop(ctx.req_id, None)
+        self._filter.finish_request(ctx.req_id)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def reset_cache(self) -> None:
+        self._policy.clear()
+        self._filter.clear()
+        self._slots.clear()
+        self._writing.clear()
+        self._pins.clear()
+        self._free.clear()
+        self._next_fresh = 0
+        self._stored_by_request.clear()
+
+    def get_stats(self) -> dict[str, TierStats]:
+        return {self.name: replace(self._stats, occupancy=len(self._slots))}
