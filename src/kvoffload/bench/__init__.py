@@ -1,0 +1,7 @@
+"""Benchmarks: `python -m kvoffload.bench NAME [--json] ...`.
+
+Each benchmark is a module `kvoffload.bench.NAME` with a `main(argv) -> int`. Every
+benchmark prints its numbers next to a baseline measured in the same run.
+"""
+
+BENCHMARKS = ("manager", "transfer", "tiers", "replay", "vllm")
