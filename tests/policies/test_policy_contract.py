@@ -1,0 +1,156 @@
+"""The EvictionPolicy contract, run against every registered policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.policies import (
+    EvictionPolicy,
+    create_policy,
+    get_policy_class,
+    policy_names,
+)
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def always(_: OffloadKey) -> bool:
+    return True
+
+
+@pytest.fixture(params=policy_names())
+def policy(request: pytest.FixtureRequest) -> EvictionPolicy:
+    return create_policy(request.param, 8)
+
+
+def test_builtin_policies_are_registered() -> None:
+    assert {"lru", "arc"} <= set(policy_names())
+
+
+def test_insert_contains_len_remove(policy: EvictionPolicy) -> None:
+    for i in range(5):
+        policy.insert(k(i))
+    assert len(policy) == 5
+    assert all(k(i) in policy for i in range(5))
+    policy.remove(k(2))
+    policy.remove(k(99))  # unknown: ignored
+    assert k(2) not in policy and len(policy) == 4
+
+
+def test_evict_returns_exactly_n_resident_evictable_keys(
+    policy: EvictionPolicy,
+) -> None:
+    for i in range(8):
+        policy.insert(k(i))
+    blocked = {k(0), k(1), k(2)}
+    victims = policy.evict(3, [k(100)], lambda key: key not in blocked)
+    assert victims is not None and len(victims) == 3 == len(set(victims))
+    assert not set(victims) & blocked
+    assert all(v not in policy for v in victims)
+    assert len(policy) == 5
+
+
+def test_evict_is_all_or_nothing(policy: EvictionPolicy) -> None:
+    for i in range(8):
+        policy.insert(k(i))
+    evictable = {k(0), k(1)}
+    assert policy.evict(3, [k(100)], evictable.__contains__) is None
+    assert len(policy) == 8 and all(k(i) in policy for i in range(8))
+    assert policy.evict(0, [], always) == []
+
+
+def test_touch_keeps_the_head_of_a_prefix_longest(policy: EvictionPolicy) -> None:
+    """Scenario: one request reuses a 4-chunk prefix; then pressure evicts 3."""
+    for i in range(8):
+        policy.insert(k(i))
+    prefix = [k(0), k(1), k(2), k(3)]
+    policy.touch(prefix)
+    policy.touch([k(50)])  # unknown keys are ignored
+    survivors = set()
+    for _ in range(4):
+        victims = policy.evict(1, [], always)
+        assert victims is not None
+        survivors = {key for key in prefix if key in policy}
+    # The last of the prefix to go is its head.
+    assert k(0) in survivors or not survivors
+    assert policy.evict(4, [], always) is not None
+    assert len(policy) == 0
+
+
+def test_clear_forgets_everything(policy: EvictionPolicy) -> None:
+    for i in range(8):
+        policy.insert(k(i))
+    policy.clear()
+    assert len(policy) == 0 and k(0) not in policy
+    assert policy.evict(1, [], always) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(policy_names()),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "touch", "evict", "remove"]), st.integers(0, 30)
+        ),
+        max_size=120,
+    ),
+)
+def test_random_operations_keep_the_contract(
+    name: str, ops: list[tuple[str, int]]
+) -> None:
+    capacity = 10
+    policy = create_policy(name, capacity)
+    resident: set[OffloadKey] = set()
+    for op, i in ops:
+        key = k(i)
+        if op == "insert" and key not in resident:
+            if len(resident) >= capacity:
+                victims = policy.evict(1, [key], always)
+                assert victims is not None
+                resident -= set(victims)
+            policy.insert(key)
+            resident.add(key)
+        elif op == "touch":
+            policy.touch([k(j) for j in range(i, i + 3)], new=frozenset({key}))
+        elif op == "evict":
+            blocked = {k(j) for j in range(0, 31, 2)}
+            before = set(resident)
+            victims = policy.evict(i % 4, [], lambda x: x not in blocked)
+            if victims is None:
+                assert resident == before
+            else:
+                assert len(victims) == i % 4 and not set(victims) & blocked
+                assert set(victims) <= before
+                resident -= set(victims)
+        elif op == "remove":
+            policy.remove(key)
+            resident.discard(key)
+        assert len(policy) == len(resident)
+        assert all(r in policy for r in resident)
+
+
+def test_registry_loads_a_policy_from_an_import_path() -> None:
+    assert get_policy_class("kvoffload.policies.lru:LRUPolicy") is get_policy_class(
+        "lru"
+    )
+    assert get_policy_class("kvoffload.policies.arc.ARCPolicy") is get_policy_class(
+        "arc"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["mru", "", "kvoffload.policies.lru:Nope", "kvoffload.keys:OffloadKey"]
+)
+def test_unknown_policy_names_raise_with_the_choices(name: str) -> None:
+    with pytest.raises(ValueError, match="eviction_policy"):
+        get_policy_class(name)
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        create_policy("lru", 0)

@@ -1,0 +1,185 @@
+"""CPUOffloadingManager: lookups, loads, stores, eviction, events, reset, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload import (
+    CPUOffloadingManager,
+    LookupResult,
+    OffloadKey,
+    OffloadPolicy,
+    ReqContext,
+    make_offload_key,
+)
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def keys(*ids: int) -> list[OffloadKey]:
+    return [k(i) for i in ids]
+
+
+CTX = ReqContext("r0")
+
+
+def stored(m: CPUOffloadingManager, ids: list[int], ctx: ReqContext = CTX) -> None:
+    out = m.prepare_store(keys(*ids), ctx)
+    assert out is not None
+    m.complete_store(out.keys_to_store, ctx)
+
+
+def test_chunk_states_miss_pending_hit() -> None:
+    m = CPUOffloadingManager(4)
+    assert m.lookup(k(1), CTX) is LookupResult.MISS
+    out = m.prepare_store(keys(1), CTX)
+    assert out is not None and out.keys_to_store == (k(1),)
+    assert m.lookup(k(1), CTX) is LookupResult.HIT_PENDING
+    m.complete_store(out.keys_to_store, CTX)
+    assert m.lookup(k(1), CTX) is LookupResult.HIT
+
+
+def test_prepare_store_skips_present_keys_and_gives_distinct_slots() -> None:
+    m = CPUOffloadingManager(4)
+    stored(m, [1, 2])
+    out = m.prepare_store(keys(1, 2, 3, 3), CTX)
+    assert out is not None
+    assert out.keys_to_store == (k(3),)
+    first = m.prepare_load(keys(1, 2), CTX)
+    assert len(set(first) | set(out.slots)) == 3
+    assert all(0 <= s < 4 for s in (*first, *out.slots))
+
+
+def test_lookup_prefix_counts_leading_ready_and_present_chunks() -> None:
+    m = CPUOffloadingManager(8)
+    stored(m, [1, 2])
+    assert m.prepare_store(keys(3), CTX) is not None  # in flight
+    stored(m, [4])
+    result = m.lookup_prefix(keys(1, 2, 3, 4, 5, 6), CTX)
+    assert (result.ready, result.present, result.must_wait) == (2, 4, True)
+    assert m.lookup_prefix(keys(9, 1), CTX).present == 0
+
+
+def test_eviction_takes_the_least_recently_used_unpinned_chunk() -> None:
+    m = CPUOffloadingManager(3, enable_events=True)
+    stored(m, [1, 2, 3])
+    m.touch(keys(1), CTX)
+    m.take_events()
+    out = m.prepare_store(keys(4), ReqContext("r1"))
+    assert out is not None and out.evicted_keys == (k(2),)
+    assert m.lookup(k(2), CTX) is LookupResult.MISS
+    events = m.take_events()
+    assert [(e.keys, e.removed) for e in events] == [((k(2),), True)]
+
+
+def test_pinned_in_flight_and_offered_chunks_are_never_evicted() -> None:
+    m = CPUOffloadingManager(3)
+    stored(m, [1, 2])
+    m.prepare_load(keys(1), CTX)  # pinned
+    assert m.prepare_store(keys(3), CTX) is not None  # in flight, fills the pool
+    # Only k(2) is evictable, but it is among the offered keys: no room.
+    assert m.prepare_store(keys(2, 4), CTX) is None
+    assert m.prepare_store(keys(4, 5), CTX) is None
+    assert [m.lookup(x, CTX) for x in keys(1, 2, 3)] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.HIT_PENDING,
+    ]
+    out = m.prepare_store(keys(4), CTX)
+    assert out is not None and out.evicted_keys == (k(2),)
+    m.complete_load(keys(1), CTX)
+    out = m.prepare_store(keys(5), CTX)
+    assert out is not None and out.evicted_keys == (k(1),)
+
+
+def test_failed_prepare_store_changes_nothing() -> None:
+    m = CPUOffloadingManager(2)
+    stored(m, [1, 2])
+    before = m.get_stats()["cpu"]
+    assert m.prepare_store(keys(3, 4, 5), CTX) is None
+    assert m.lookup_prefix(keys(1, 2), CTX).ready == 2
+    after = m.get_stats()["cpu"]
+    assert after.occupancy == before.occupancy == 2
+    assert after.store_skipped == 3
+
+
+def test_failed_store_frees_the_slot() -> None:
+    m = CPUOffloadingManager(1)
+    out = m.prepare_store(keys(1), CTX)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX, success=False)
+    assert m.lookup(k(1), CTX) is LookupResult.MISS
+    again = m.prepare_store(keys(2), CTX)
+    assert again is not None and again.slots == out.slots
+    assert m.get_stats()["cpu"].failures == 1
+
+
+def test_stored_events_are_emitted_once_readable() -> None:
+    m = CPUOffloadingManager(4, enable_events=True)
+    out = m.prepare_store(keys(1, 2), CTX)
+    assert out is not None
+    assert m.take_events() == []
+    m.complete_store(out.keys_to_store, CTX)
+    events = m.take_events()
+    assert [(e.keys, e.removed, e.medium) for e in events] == [
+        ((k(1), k(2)), False, "cpu")
+    ]
+    assert m.take_events() == []
+
+
+def test_events_are_off_by_default() -> None:
+    m = CPUOffloadingManager(4)
+    stored(m, [1])
+    assert m.take_events() == []
+
+
+def test_reset_drops_everything_and_ignores_late_completions() -> None:
+    m = CPUOffloadingManager(2)
+    stored(m, [1])
+    late = m.prepare_store(keys(2), CTX)
+    assert late is not None
+    m.prepare_load(keys(1), CTX)
+    m.reset_cache()
+    assert m.lookup(k(1), CTX) is LookupResult.MISS
+    m.complete_store(late.keys_to_store, CTX)
+    m.complete_load(keys(1), CTX)
+    assert m.lookup(k(2), CTX) is LookupResult.MISS
+    stored(m, [3, 4])
+    assert m.lookup_prefix(keys(3, 4), CTX).ready == 2
+
+
+def test_on_new_request_gives_chunk_level_policy() -> None:
+    m = CPUOffloadingManager(2)
+    assert m.on_new_request(CTX).policy is OffloadPolicy.CHUNK_LEVEL
+    assert OffloadPolicy("block_level") is OffloadPolicy.CHUNK_LEVEL
+    assert OffloadPolicy.BLOCK_LEVEL is OffloadPolicy.CHUNK_LEVEL
+
+
+def test_stats_count_lookups_hits_stores_evictions() -> None:
+    m = CPUOffloadingManager(2)
+    stored(m, [1, 2])
+    m.lookup_prefix(keys(1, 2, 3), CTX)
+    stored(m, [3])
+    stats = m.get_stats()["cpu"]
+    assert (stats.hits, stats.chunks_stored, stats.evictions) == (2, 3, 1)
+    assert stats.lookups == 3 and stats.capacity == 2 and stats.occupancy == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"num_chunks": 0}, "num_chunks"),
+        ({"num_chunks": 2.5}, "num_chunks"),
+        ({"eviction_policy": "fifo-ish"}, "eviction_policy"),
+        ({"store_threshold": -1}, "store_threshold"),
+        ({"max_tracker_size": 0}, "max_tracker_size"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_argument(
+    kwargs: dict[str, object], name: str
+) -> None:
+    args: dict[str, object] = {"num_chunks": 4, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        CPUOffloadingManager(**args)  # type: ignore[arg-type]
