@@ -1,0 +1,91 @@
+"""Configuration of the scheduler-side connector, validated once at the edge."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group as the connector sees it.
+
+    `tokens_per_block` is the engine block size of the group; a chunk of the group
+    spans `blocks_per_chunk` engine blocks. A group that is not `offloaded` is
+    served by the engine alone, so no prefix beyond the engine's own hit can be
+    loaded for any group.
+    """
+
+    tokens_per_block: int
+    blocks_per_chunk: int = 1
+    offloaded: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("tokens_per_block", "blocks_per_chunk"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return self.tokens_per_block * self.blocks_per_chunk
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """Settings of `OffloadConnector`.
+
+    - `groups`: the KV-cache groups, in the engine's group order.
+    - `hash_block_tokens`: tokens per entry of a request's `block_hashes` (the
+      engine's hash granularity); every group's block size must be a multiple.
+      Defaults to the smallest group block size.
+    - `offload_prompt_only`: store only chunks inside the prompt (default true).
+    - `max_defer_s`: the longest a request's lookup may be deferred while chunks
+      it could load are still in flight; after that it proceeds with what is
+      readable.
+    - `world_size`: worker ranks that report each job; a job completes when all
+      have reported, and succeeds only if all succeeded.
+    """
+
+    groups: tuple[GroupSpec, ...]
+    hash_block_tokens: int = 0
+    offload_prompt_only: bool = True
+    max_defer_s: float = 1.0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("groups: at least one KV-cache group is required")
+        if self.hash_block_tokens == 0:
+            object.__setattr__(
+                self, "hash_block_tokens", min(g.tokens_per_block for g in self.groups)
+            )
+        if type(self.hash_block_tokens) is not int or self.hash_block_tokens < 1:
+            raise ValueError(
+                f"hash_block_tokens must be an int >= 1, got {self.hash_block_tokens!r}"
+            )
+        for i, group in enumerate(self.groups):
+            if group.tokens_per_block % self.hash_block_tokens:
+                raise ValueError(
+                    f"groups[{i}].tokens_per_block={group.tokens_per_block} is not a "
+                    f"multiple of hash_block_tokens={self.hash_block_tokens}"
+                )
+        if not isinstance(self.offload_prompt_only, bool):
+            raise ValueError(
+                f"offload_prompt_only must be true or false, got {self.offload_prompt_only!r}"
+            )
+        if not isinstance(self.max_defer_s, int | float) or self.max_defer_s < 0:
+            raise ValueError(
+                f"max_defer_s must be a number >= 0, got {self.max_defer_s!r}"
+            )
+        if type(self.world_size) is not int or self.world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {self.world_size!r}")
+
+    @property
+    def block_alignment(self) -> int:
+        """Token counts handed to the engine are multiples of every block size."""
+        return math.lcm(*(g.tokens_per_block for g in self.groups))
+
+    @property
+    def min_chunk_tokens(self) -> int:
+        return min(g.tokens_per_chunk for g in self.groups)

@@ -1,0 +1,103 @@
+"""Per-request state of the scheduler-side connector.
+
+Created on first sight of a request, it holds the request's keys per group as its
+chunks fill, its engine block table, the store cursor per group, the chunks it hit,
+its parsed parameters and its offload policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvoffload.connector.base import RequestInfo
+from kvoffload.connector.config import ConnectorConfig
+from kvoffload.keys import GROUP_INDEX_BYTES, OffloadKey
+from kvoffload.tiers.base import OffloadPolicy, ReqContext
+
+
+@dataclass
+class GroupState:
+    """One KV-cache group of one request."""
+
+    index: int
+    tokens_per_block: int
+    blocks_per_chunk: int
+    hashes_per_chunk: int
+    keys: list[OffloadKey] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    store_cursor: int = 0
+    """Chunks before the cursor were stored, skipped or offered already."""
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return self.tokens_per_block * self.blocks_per_chunk
+
+    def refresh_keys(self, block_hashes: Sequence[bytes]) -> None:
+        """Add the keys of chunks that became full since the last call."""
+        step = self.hashes_per_chunk
+        suffix = self.index.to_bytes(GROUP_INDEX_BYTES, "big")
+        for c in range(len(self.keys), len(block_hashes) // step):
+            self.keys.append(OffloadKey(block_hashes[(c + 1) * step - 1] + suffix))
+
+    def chunk_blocks(self, chunk: int) -> list[int]:
+        b = self.blocks_per_chunk
+        return self.block_ids[chunk * b : (chunk + 1) * b]
+
+
+@dataclass
+class RequestState:
+    """Everything the connector remembers about one live request."""
+
+    request: RequestInfo
+    ctx: ReqContext
+    policy: OffloadPolicy
+    groups: list[GroupState]
+    load_job: int | None = None
+    load_keys: tuple[OffloadKey, ...] = ()
+    store_jobs: set[int] = field(default_factory=set)
+    hit_tokens: int = 0
+    """Tokens the engine started from at first schedule (its own hit plus loads)."""
+    deferred_since: float | None = None
+    cursors_started: bool = False
+    prefix_touched: bool = False
+    finished: bool = False
+
+    @classmethod
+    def create(
+        cls,
+        request: RequestInfo,
+        policy: OffloadPolicy,
+        ctx: ReqContext,
+        config: ConnectorConfig,
+    ) -> RequestState:
+        groups = [
+            GroupState(
+                index=i,
+                tokens_per_block=g.tokens_per_block,
+                blocks_per_chunk=g.blocks_per_chunk,
+                hashes_per_chunk=g.tokens_per_chunk // config.hash_block_tokens,
+            )
+            for i, g in enumerate(config.groups)
+        ]
+        return cls(request=request, ctx=ctx, policy=policy, groups=groups)
+
+    @property
+    def req_id(self) -> str:
+        return self.ctx.req_id
+
+    def refresh_keys(self) -> None:
+        hashes = self.request.block_hashes
+        for group in self.groups:
+            group.refresh_keys(hashes)
+
+    def has_jobs(self) -> bool:
+        return self.load_job is not None or bool(self.store_jobs)
+
+    def seen_keys(self) -> list[OffloadKey]:
+        """The keys this request hit or offered, each group in prefix order."""
+        out: list[OffloadKey] = []
+        for group in self.groups:
+            hit_chunks = self.hit_tokens // group.tokens_per_chunk
+            out.extend(group.keys[: max(group.store_cursor, hit_chunks)])
+        return out

@@ -1,0 +1,317 @@
+"""The scheduler-side connector: a coordinator over lookup, load and store planning.
+
+It runs in the engine's scheduler, once per step, and knows requests, their block
+hashes and engine block ids, but nothing engine-specific: an adapter (vLLM's, or
+the engine model's) translates. Call order per request: `on_new_request` once;
+`get_num_new_matched_tokens` (again while it answers `None`);
+`update_state_after_alloc` when the engine allocated its blocks; `build_step`
+every step it is scheduled; `request_finished` once. Job results come back through
+`on_job_results` in any step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from kvoffload.connector.base import (
+    Clock,
+    ConnectorStats,
+    RequestInfo,
+    ScheduledRequest,
+    StepPlan,
+)
+from kvoffload.connector.config import ConnectorConfig
+from kvoffload.connector.jobs import JobRecord, JobTracker
+from kvoffload.connector.lookup import LookupPlanner
+from kvoffload.connector.request_state import RequestState
+from kvoffload.connector.transfers import chunks_to_store, plan_load, store_transfers
+from kvoffload.tiers.base import (
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadPolicy,
+    ReqContext,
+    TierStats,
+)
+from kvoffload.worker.base import JobResult, TransferDirection, TransferJob
+
+logger = logging.getLogger(__name__)
+
+
+class OffloadConnector:
+    """Turns requests into lookups, load jobs and store jobs, step by step."""
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        manager: OffloadingManager,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.manager = manager
+        self._lookup = LookupPlanner(config, manager, clock)
+        self._jobs = JobTracker(config.world_size)
+        self._requests: dict[str, RequestState] = {}
+        self._pending_loads: list[TransferJob] = []
+        self._wait_for: list[int] = []
+        self._request_of: dict[int, str] = {}
+        self._finished_loading: list[str] = []
+        self._failed_loading: list[str] = []
+        self._released: list[str] = []
+        self._stats = ConnectorStats()
+
+    # -- request lifecycle -------------------------------------------------------
+
+    def on_new_request(self, request: RequestInfo) -> None:
+        """First sight of a request: parse its parameters once, ask for its policy."""
+        req_id = request.request_id
+        if req_id in self._requests:
+            return
+        ctx = ReqContext.create(req_id, request.kv_transfer_params)
+        policy = self.manager.on_new_request(ctx).policy
+        self._requests[req_id] = RequestState.create(request, policy, ctx, self.config)
+        self._stats.requests += 1
+
+    def get_num_new_matched_tokens(
+        self, request: RequestInfo, num_computed_tokens: int
+    ) -> int | None:
+        """Tokens the tiers can add past the engine's hit; `None`: ask next step."""
+        if request.request_id not in self._requests:
+            self.on_new_request(request)
+        state = self._requests[request.request_id]
+        self._stats.lookups += 1
+        found = self._lookup.num_loadable_tokens(state, num_computed_tokens)
+        if found is None:
+            self._stats.deferrals += 1
+        return found
+
+    def update_state_after_alloc(
+        self,
+        request_id: str,
+        block_ids: Sequence[Sequence[int]],
+        num_computed_tokens: int,
+        num_external_tokens: int,
+    ) -> None:
+        """The engine allocated the request's blocks; plan the load of its hit."""
+        state = self._requests[request_id]
+        for group, ids in zip(state.groups, block_ids, strict=True):
+            group.block_ids = list(ids)
+        hit = num_computed_tokens + num_external_tokens
+        if not state.cursors_started:
+            state.cursors_started = True
+            state.hit_tokens = hit
+            if state.policy is OffloadPolicy.CHUNK_LEVEL:
+                for group in state.groups:
+                    group.store_cursor = hit // group.tokens_per_chunk
+        if num_external_tokens <= 0:
+            return
+        keys, transfers = plan_load(self.manager, state, num_computed_tokens, hit)
+        record = self._jobs.new(request_id, TransferDirection.LOAD, keys)
+        state.load_job = record.job_id
+        self._pending_loads.append(
+            TransferJob(record.job_id, TransferDirection.LOAD, transfers)
+        )
+        self._request_of[record.job_id] = request_id
+        self._stats.hit_tokens += num_external_tokens
+
+    def on_preempted(self, request_ids: Iterable[str]) -> None:
+        """The engine freed these requests' blocks: they are not reused before
+        the jobs reading or writing them finish."""
+        for req_id in request_ids:
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            self._wait_for.extend(state.store_jobs)
+            if state.load_job is not None:
+                self._wait_for.append(state.load_job)
+            state.deferred_since = None
+            for group in state.groups:
+                group.block_ids = []
+
+    def request_finished(self, request_id: str) -> bool:
+        """The request is done (finished, aborted). True: keep its blocks until
+        `take_released` names it, because jobs in flight still use them."""
+        state = self._requests.get(request_id)
+        if state is None or state.finished:
+            return False
+        state.finished = True
+        self._touch_prefix(state)
+        self.manager.on_request_finished(state.ctx)
+        if state.has_jobs():
+            return True
+        del self._requests[request_id]
+        return False
+
+    # -- per step ----------------------------------------------------------------
+
+    def build_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
+        """Plan this step's stores; hand out the loads planned since the last step."""
+        stores: list[TransferJob] = []
+        for item in scheduled:
+            state = self._requests.get(item.request_id)
+            if state is None or state.finished:
+                continue
+            self._apply_block_ids(state, item)
+            computed = item.num_computed_tokens + item.num_scheduled_tokens
+            job = self._plan_store(state, computed)
+            if job is not None:
+                stores.append(job)
+            if computed >= state.request.num_prompt_tokens:
+                self._touch_prefix(state)
+        plan = StepPlan(
+            loads=tuple(self._pending_loads),
+            stores=tuple(stores),
+            wait_for=tuple(self._wait_for),
+            request_of={
+                job.job_id: self._request_of[job.job_id]
+                for job in (*self._pending_loads, *stores)
+            },
+        )
+        self._pending_loads.clear()
+        self._wait_for.clear()
+        return plan
+
+    def _apply_block_ids(self, state: RequestState, item: ScheduledRequest) -> None:
+        if not item.new_block_ids:
+            return
+        for group, ids in zip(state.groups, item.new_block_ids, strict=True):
+            if item.replace_block_ids:
+                group.block_ids = list(ids)
+            else:
+                group.block_ids.extend(ids)
+
+    def _plan_store(
+        self, state: RequestState, computed_tokens: int
+    ) -> TransferJob | None:
+        offloadable = computed_tokens
+        if self.config.offload_prompt_only:
+            offloadable = min(offloadable, state.request.num_prompt_tokens)
+        cap = state.ctx.params.max_offload_tokens
+        if cap is not None:
+            offloadable = min(offloadable, cap)
+        state.refresh_keys()
+        chunks = chunks_to_store(state, offloadable)
+        if not chunks:
+            return None
+        prepared = self.manager.prepare_store([g.keys[c] for g, c in chunks], state.ctx)
+        if prepared is None:
+            self._stats.store_skipped += len(chunks)
+            return None  # cursors stay: offered again next step
+        for group, chunk in chunks:
+            group.store_cursor = max(group.store_cursor, chunk + 1)
+        if not prepared.keys_to_store:
+            return None
+        record = self._jobs.new(
+            state.req_id, TransferDirection.STORE, prepared.keys_to_store
+        )
+        state.store_jobs.add(record.job_id)
+        self._request_of[record.job_id] = state.req_id
+        return TransferJob(
+            record.job_id, TransferDirection.STORE, store_transfers(chunks, prepared)
+        )
+
+    def _touch_prefix(self, state: RequestState) -> None:
+        """Recency for the chunks the request hit or offered, once, head last."""
+        if state.prefix_touched:
+            return
+        state.prefix_touched = True
+        keys = state.seen_keys()
+        if keys:
+            self.manager.touch(keys, state.ctx)
+
+    # -- job results -------------------------------------------------------------
+
+    def on_job_results(self, results: Iterable[JobResult], rank: int = 0) -> None:
+        """Fold in results reported by one worker rank."""
+        for result in results:
+            record = self._jobs.report(result, rank)
+            if record is not None:
+                self._complete(record)
+
+    def _complete(self, record: JobRecord) -> None:
+        self._request_of.pop(record.job_id, None)
+        current = self._jobs.is_current(record)
+        state = self._requests.get(record.request_id)
+        stats = self._stats
+        if record.direction is TransferDirection.LOAD:
+            stats.load_jobs += 1
+            stats.bytes_loaded += record.num_bytes
+            stats.load_seconds += record.seconds
+            if current:
+                self.manager.complete_load(
+                    record.keys, state.ctx if state else ReqContext(record.request_id)
+                )
+            if record.success:
+                stats.chunks_loaded += len(record.keys)
+                self._finished_loading.append(record.request_id)
+            else:
+                stats.failed_load_jobs += 1
+                logger.warning(
+                    "load job %d of request %s failed; it recomputes",
+                    record.job_id,
+                    record.request_id,
+                )
+                self._failed_loading.append(record.request_id)
+            if state is not None and state.load_job == record.job_id:
+                state.load_job = None
+        else:
+            stats.store_jobs += 1
+            stats.bytes_stored += record.num_bytes
+            stats.store_seconds += record.seconds
+            if current:
+                ctx = state.ctx if state else ReqContext(record.request_id)
+                self.manager.complete_store(record.keys, ctx, success=record.success)
+            if record.success:
+                stats.chunks_stored += len(record.keys)
+            else:
+                stats.failed_store_jobs += 1
+            if state is not None:
+                state.store_jobs.discard(record.job_id)
+        if state is not None and state.finished and not state.has_jobs():
+            del self._requests[record.request_id]
+            self._released.append(record.request_id)
+
+    def take_load_results(self) -> tuple[list[str], list[str]]:
+        """Requests whose load finished since the last call: (succeeded, failed).
+
+        A failed load leaves the engine to recompute those tokens.
+        """
+        done, failed = self._finished_loading, self._failed_loading
+        self._finished_loading, self._failed_loading = [], []
+        return done, failed
+
+    def take_released(self) -> list[str]:
+        """Finished requests whose last job completed: their blocks may be freed."""
+        out, self._released = self._released, []
+        return out
+
+    def has_pending_jobs(self) -> bool:
+        return len(self._jobs) > 0
+
+    # -- whole-cache operations --------------------------------------------------
+
+    def reset_cache(self) -> None:
+        """Drop every offloaded chunk. Jobs in flight finish before slots are reused,
+        and their completions no longer touch the tiers."""
+        self._wait_for.extend(self._jobs.start_new_epoch())
+        self.manager.reset_cache()
+
+    def on_schedule_end(self) -> None:
+        self.manager.on_schedule_end()
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return self.manager.take_events()
+
+    def get_stats(self) -> ConnectorStats:
+        return replace(self._stats)
+
+    def get_tier_stats(self) -> dict[str, TierStats]:
+        return self.manager.get_stats()
+
+    def num_live_requests(self) -> int:
+        return len(self._requests)
+
+    def shutdown(self) -> None:
+        self.manager.shutdown()

@@ -1,0 +1,76 @@
+"""Turning chunk decisions into transfer jobs: loads into and stores from engine blocks.
+
+A chunk of group g spans `blocks_per_chunk` engine blocks; its host blocks are
+`slot * blocks_per_chunk + i`. A load may start in the middle of a chunk (the engine
+already holds its first blocks) and end in the middle of one (the engine computes
+the last prompt token itself).
+"""
+
+from __future__ import annotations
+
+from kvoffload.connector.request_state import GroupState, RequestState
+from kvoffload.keys import OffloadKey
+from kvoffload.tiers.base import OffloadingManager, PrepareStoreOutput
+from kvoffload.worker.base import GroupTransfer
+
+
+def plan_load(
+    manager: OffloadingManager, state: RequestState, start_token: int, end_token: int
+) -> tuple[tuple[OffloadKey, ...], tuple[GroupTransfer, ...]]:
+    """Pin the chunks covering tokens [start, end) of every group and map their blocks.
+
+    Returns the pinned keys (for `complete_load`) and the per-group transfers.
+    """
+    spans: list[tuple[GroupState, int, int, int, int]] = []
+    keys: list[OffloadKey] = []
+    for group in state.groups:
+        first_block = start_token // group.tokens_per_block
+        end_block = end_token // group.tokens_per_block
+        first_chunk = first_block // group.blocks_per_chunk
+        last_chunk = (end_block - 1) // group.blocks_per_chunk
+        spans.append((group, first_block, end_block, first_chunk, len(keys)))
+        keys.extend(group.keys[first_chunk : last_chunk + 1])
+    slots = manager.prepare_load(keys, state.ctx)
+    transfers: list[GroupTransfer] = []
+    for group, first_block, end_block, first_chunk, key_offset in spans:
+        per = group.blocks_per_chunk
+        engine: list[int] = []
+        host: list[int] = []
+        for block in range(first_block, end_block):
+            chunk = block // per
+            engine.append(group.block_ids[block])
+            host.append(slots[key_offset + chunk - first_chunk] * per + block % per)
+        transfers.append(GroupTransfer(group.index, tuple(engine), tuple(host)))
+    return tuple(keys), tuple(transfers)
+
+
+def chunks_to_store(
+    state: RequestState, offloadable_tokens: int
+) -> list[tuple[GroupState, int]]:
+    """(group, chunk index) of the whole chunks past each cursor within the limit."""
+    out: list[tuple[GroupState, int]] = []
+    for group in state.groups:
+        limit = min(offloadable_tokens // group.tokens_per_chunk, len(group.keys))
+        limit = min(limit, len(group.block_ids) // group.blocks_per_chunk)
+        out.extend((group, c) for c in range(group.store_cursor, limit))
+    return out
+
+
+def store_transfers(
+    chunks: list[tuple[GroupState, int]], prepared: PrepareStoreOutput
+) -> tuple[GroupTransfer, ...]:
+    """Engine blocks → host blocks for the chunks `prepare_store` allocated."""
+    slot_of = dict(zip(prepared.keys_to_store, prepared.slots, strict=True))
+    by_group: dict[int, tuple[list[int], list[int]]] = {}
+    for group, chunk in chunks:
+        slot = slot_of.get(group.keys[chunk])
+        if slot is None:
+            continue
+        engine, host = by_group.setdefault(group.index, ([], []))
+        per = group.blocks_per_chunk
+        engine.extend(group.chunk_blocks(chunk))
+        host.extend(range(slot * per, (slot + 1) * per))
+    return tuple(
+        GroupTransfer(index, tuple(engine), tuple(host))
+        for index, (engine, host) in sorted(by_group.items())
+    )

@@ -1,0 +1,452 @@
+"""A small discrete-step inference engine that drives the connector as vLLM does.
+
+Each step: deliver finished jobs, schedule running requests (chunked prefill, one
+decode token each) and then waiting ones within a token budget, ask the connector
+for its plan, advance the clock by the modeled step time, and sample tokens. The
+device cache is paged with prefix caching; when blocks run out the most recently
+started request is preempted. Loads are asynchronous: a request whose prefix is
+being loaded waits without computing. With `async_scheduling`, job results reach
+the connector one step late, as with vLLM's overlapped scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kvoffload.connector import OffloadConnector, ScheduledRequest
+from kvoffload.engine_model.block_pool import BlockPool
+from kvoffload.engine_model.request import RequestStatus, SimRequest
+from kvoffload.engine_model.timing import TimeModel
+from kvoffload.engine_model.worker import SimulatedWorker
+from kvoffload.worker.base import JobResult, TransferJob
+
+
+class SimClock:
+    """The engine model's simulated time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Shape and speed of the modeled engine.
+
+    `device_blocks` is per group; `None` means unlimited device memory and no
+    prefix cache (nothing is reused on the device). `macro_decode` lets quiet
+    stretches of pure decoding advance several tokens per step (same outcome,
+    fewer Python steps).
+    """
+
+    tokens_per_block: tuple[int, ...] = (16,)
+    device_blocks: int | None = 4096
+    max_batched_tokens: int = 8192
+    max_running: int = 256
+    async_scheduling: bool = False
+    macro_decode: bool = True
+    time_model: TimeModel = field(default_factory=TimeModel)
+
+    def __post_init__(self) -> None:
+        if not self.tokens_per_block or min(self.tokens_per_block) < 1:
+            raise ValueError(
+                f"tokens_per_block must be positive, got {self.tokens_per_block!r}"
+            )
+        if self.max_batched_tokens < 1 or self.max_running < 1:
+            raise ValueError("max_batched_tokens and max_running must be >= 1")
+
+
+class EngineModel:
+    """Runs `SimRequest`s through a paged device cache and an optional connector."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        connector: OffloadConnector | None = None,
+        fail_job: Callable[[TransferJob], bool] | None = None,
+        clock: SimClock | None = None,
+    ) -> None:
+        self.config = config
+        self.connector = connector
+        self.clock = clock or SimClock()
+        self.pools = [BlockPool(config.device_blocks) for _ in config.tokens_per_block]
+        self.worker = SimulatedWorker(
+            config.time_model, list(config.tokens_per_block), self.clock, fail_job
+        )
+        self._align = math.lcm(*config.tokens_per_block)
+        self._arrivals: deque[SimRequest] = deque()
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.draining: dict[str, SimRequest] = {}
+        self.finished: list[SimRequest] = []
+        self._by_id: dict[str, SimRequest] = {}
+        self._late_results: list[JobResult] = []
+        self.steps = 0
+
+    # -- driving -----------------------------------------------------------------
+
+    def add(self, requests: Iterable[SimRequest]) -> None:
+        """Queue requests (in arrival order)."""
+        for request in sorted(requests, key=lambda r: r.arrival):
+            self._arrivals.append(request)
+            self._by_id[request.request_id] = request
+
+    def run(
+        self, requests: Iterable[SimRequest] = (), max_steps: int | None = None
+    ) -> list[SimRequest]:
+        """Run until every request finished (and its jobs drained)."""
+        self.add(requests)
+        while self.has_work() and (max_steps is None or self.steps < max_steps):
+            self.step()
+        return self.finished
+
+    def has_work(self) -> bool:
+        return bool(
+            self._arrivals
+            or self.waiting
+            or self.running
+            or self.draining
+            or self._late_results
+        ) or (self.connector is not None and self.connector.has_pending_jobs())
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request wherever it is; it stores only what it computed."""
+        req = self._by_id[request_id]
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self._arrivals:
+            self._arrivals.remove(req)
+            req.status = RequestStatus.DONE
+            return
+        else:
+            return
+        self._finish(req)
+
+    # -- one step ----------------------------------------------------------------
+
+    def step(self) -> None:
+        self.steps += 1
+        self._admit_arrivals()
+        self._deliver_results()
+        scheduled, work = self._schedule()
+        macro = self._macro_factor(work)
+        if macro > 1:
+            scheduled = self._extend_decode(scheduled, work, macro)
+        plan = self.connector.build_step(scheduled) if self.connector else None
+        if not scheduled and (plan is None or plan.empty):
+            self._idle()
+            return
+        start = self.clock.now
+        if plan is not None and plan.wait_for:
+            start = max(start, self.worker.finish_time(plan.wait_for))
+        duration = self._step_seconds(work) * macro
+        if plan is not None:
+            for job in plan.loads:
+                self.worker.submit(job, start)
+            for job in plan.stores:
+                self.worker.submit(job, start + duration)
+        self.clock.now = start + duration
+        for req, n in work:
+            self._advance(req, n * macro)
+        if self.connector is not None:
+            self.connector.on_schedule_end()
+
+    def _idle(self) -> None:
+        """Nothing to compute: jump to the next arrival or job completion."""
+        events = [r.arrival for r in list(self._arrivals)[:1]]
+        done = self.worker.next_completion()
+        if done is not None:
+            events.append(done)
+        if self.waiting and self.connector is not None:
+            events.append(self.clock.now + self.connector.config.max_defer_s / 4)
+        nxt = min(events, default=None)
+        if nxt is None:
+            stuck = [r.request_id for r in self.waiting]
+            raise RuntimeError(
+                f"engine model cannot make progress; waiting: {stuck[:5]}"
+            )
+        self.clock.now = max(self.clock.now, nxt)
+        if self.connector is not None:
+            self.connector.on_schedule_end()
+
+    def _admit_arrivals(self) -> None:
+        while self._arrivals and self._arrivals[0].arrival <= self.clock.now:
+            req = self._arrivals.popleft()
+            self.waiting.append(req)
+            if self.connector is not None:
+                self.connector.on_new_request(req)
+
+    def _deliver_results(self) -> None:
+        if self.connector is None:
+            return
+        fresh = self.worker.get_finished()
+        if self.config.async_scheduling:
+            results, self._late_results = self._late_results, fresh
+        else:
+            results = fresh
+        self.connector.on_job_results(results)
+        done, failed = self.connector.take_load_results()
+        for req_id in done:
+            self._on_loaded(self._by_id[req_id], ok=True)
+        for req_id in failed:
+            self._on_loaded(self._by_id[req_id], ok=False)
+        for req_id in self.connector.take_released():
+            req = self.draining.pop(req_id, None)
+            if req is not None:
+                self._release(req)
+                req.status = RequestStatus.DONE
+
+    def _on_loaded(self, req: SimRequest, ok: bool) -> None:
+        if req.status is not RequestStatus.LOADING:
+            return  # aborted meanwhile
+        req.status = RequestStatus.WAITING
+        if ok:
+            req.num_computed += req.loaded_tokens
+            self._register_blocks(req, req.num_computed - req.loaded_tokens)
+        else:
+            req.loaded_tokens = 0
+
+    # -- scheduling --------------------------------------------------------------
+
+    def _schedule(self) -> tuple[list[ScheduledRequest], list[tuple[SimRequest, int]]]:
+        budget = self.config.max_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        work: list[tuple[SimRequest, int]] = []
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req not in self.running:
+                continue  # preempted by an earlier request this step
+            n = min(req.num_tokens - req.num_computed, budget)
+            new_ids = self._grow(req, req.num_computed + n)
+            if new_ids is None:
+                continue
+            scheduled.append(
+                ScheduledRequest(req.request_id, req.num_computed, n, new_ids)
+            )
+            work.append((req, n))
+            budget -= n
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_running:
+                break
+            if req.status is RequestStatus.LOADING:
+                continue
+            item = self._admit(req, budget)
+            if item is not None:
+                scheduled.append(item[0])
+                work.append((req, item[1]))
+                budget -= item[1]
+        return scheduled, work
+
+    def _admit(
+        self, req: SimRequest, budget: int
+    ) -> tuple[ScheduledRequest, int] | None:
+        """Move a waiting request to running (or to loading); None if it must wait."""
+        if req.block_ids:  # its load landed: blocks are allocated already
+            n = min(req.num_tokens - req.num_computed, budget)
+            new_ids = self._grow(req, req.num_computed + n)
+            if new_ids is None:
+                return None
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = RequestStatus.RUNNING
+            return ScheduledRequest(req.request_id, req.num_computed, n, new_ids), n
+        hit_blocks, hit = self._device_hit(req)
+        external = 0
+        if self.connector is not None:
+            found = self.connector.get_num_new_matched_tokens(req, hit)
+            if found is None:
+                return None  # deferred: ask again next step
+            external = found
+        n = 0 if external else min(req.num_tokens - hit - external, budget)
+        needed = [
+            math.ceil((hit + external + n) / t) - len(blocks)
+            for t, blocks in zip(self.config.tokens_per_block, hit_blocks, strict=True)
+        ]
+        if any(
+            need > pool.num_free()
+            for need, pool in zip(needed, self.pools, strict=True)
+        ):
+            return None
+        for pool, blocks in zip(self.pools, hit_blocks, strict=True):
+            pool.acquire(blocks)
+        req.block_ids = []
+        for pool, blocks, need in zip(self.pools, hit_blocks, needed, strict=True):
+            fresh = pool.allocate(need)
+            assert fresh is not None
+            req.block_ids.append(blocks + fresh)
+        req.num_computed = hit
+        if not req.scheduled_once:
+            req.scheduled_once = True
+            req.device_hit_tokens = hit
+            req.loaded_tokens = external
+        elif external:
+            req.loaded_tokens = external
+        if self.connector is not None:
+            self.connector.update_state_after_alloc(
+                req.request_id, req.block_ids, hit, external
+            )
+        if external:
+            req.status = RequestStatus.LOADING
+            return None
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        ids = tuple(tuple(b) for b in req.block_ids)
+        return ScheduledRequest(req.request_id, hit, n, ids, replace_block_ids=True), n
+
+    def _device_hit(self, req: SimRequest) -> tuple[list[list[int]], int]:
+        hashes = req.hashes
+        limit = req.num_tokens // req.hash_block_tokens
+        per_group: list[list[int]] = []
+        tokens: list[int] = []
+        for t, pool in zip(self.config.tokens_per_block, self.pools, strict=True):
+            step = t // req.hash_block_tokens
+            group_hashes = [hashes[(j + 1) * step - 1] for j in range(limit // step)]
+            blocks = pool.cached_prefix(group_hashes)
+            per_group.append(blocks)
+            tokens.append(len(blocks) * t)
+        hit = min(tokens)
+        hit = min(hit, req.num_tokens - 1) // self._align * self._align
+        return [
+            b[: hit // t]
+            for b, t in zip(per_group, self.config.tokens_per_block, strict=True)
+        ], hit
+
+    def _grow(self, req: SimRequest, tokens: int) -> tuple[tuple[int, ...], ...] | None:
+        """Allocate blocks so `req` holds `tokens`; preempt others when out of memory."""
+        needed = [
+            max(0, math.ceil(tokens / t) - len(ids))
+            for t, ids in zip(self.config.tokens_per_block, req.block_ids, strict=True)
+        ]
+        while any(n > p.num_free() for n, p in zip(needed, self.pools, strict=True)):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return None
+        new: list[tuple[int, ...]] = []
+        for pool, ids, n in zip(self.pools, req.block_ids, needed, strict=True):
+            fresh = pool.allocate(n)
+            assert fresh is not None
+            ids.extend(fresh)
+            new.append(tuple(fresh))
+        return tuple(new)
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.status = RequestStatus.WAITING
+        req.preemptions += 1
+        self.waiting.insert(0, req)
+        if self.connector is not None:
+            self.connector.on_preempted([req.request_id])
+
+    # -- time and progress -------------------------------------------------------
+
+    def _macro_factor(self, work: list[tuple[SimRequest, int]]) -> int:
+        """How many identical pure-decode steps can run back to back."""
+        if not self.config.macro_decode or not work or any(n != 1 for _, n in work):
+            return 1
+        if any(r.num_computed < r.num_prompt_tokens for r, _ in work):
+            return 1
+        if any(r.status is not RequestStatus.LOADING for r in self.waiting):
+            return 1
+        factor = min(r.max_output_tokens - r.num_output for r, _ in work)
+        one = self._step_seconds(work)
+        horizon = [r.arrival for r in list(self._arrivals)[:1]]
+        done = self.worker.next_completion()
+        if done is not None:
+            horizon.append(done)
+        if horizon and one > 0:
+            factor = min(factor, int((min(horizon) - self.clock.now) / one))
+        if factor <= 1:
+            return 1
+        for i, (t, pool) in enumerate(
+            zip(self.config.tokens_per_block, self.pools, strict=True)
+        ):
+            extra = sum(
+                max(0, math.ceil((r.num_computed + factor) / t) - len(r.block_ids[i]))
+                for r, _ in work
+            )
+            if extra > pool.num_free():
+                return 1
+        return factor
+
+    def _extend_decode(
+        self,
+        scheduled: list[ScheduledRequest],
+        work: list[tuple[SimRequest, int]],
+        factor: int,
+    ) -> list[ScheduledRequest]:
+        """Grow each decoding request's blocks for `factor` tokens (known to fit)."""
+        out: list[ScheduledRequest] = []
+        for item, (req, _) in zip(scheduled, work, strict=True):
+            extra = self._grow(req, req.num_computed + factor)
+            assert extra is not None
+            ids = tuple(a + b for a, b in zip(item.new_block_ids, extra, strict=True))
+            out.append(
+                ScheduledRequest(item.request_id, item.num_computed_tokens, factor, ids)
+            )
+        return out
+
+    def _step_seconds(self, work: list[tuple[SimRequest, int]]) -> float:
+        tm = self.config.time_model
+        prefill = 0.0
+        decoding = 0
+        for req, n in work:
+            if n == 1 and req.num_computed >= req.num_prompt_tokens:
+                decoding += 1
+            else:
+                prefill += tm.prefill_seconds(n, req.num_computed)
+        return tm.step_seconds(prefill, decoding)
+
+    def _advance(self, req: SimRequest, n: int) -> None:
+        before = req.num_computed
+        req.num_computed += n
+        self._register_blocks(req, before)
+        if req.num_computed < req.num_tokens:
+            return
+        sampled = n if n > 1 and before >= req.num_prompt_tokens else 1
+        req.num_output += sampled
+        if req.first_token_time is None:
+            req.first_token_time = self.clock.now
+        if req.num_output >= req.max_output_tokens:
+            self.running.remove(req)
+            self._finish(req)
+
+    def _register_blocks(self, req: SimRequest, before: int) -> None:
+        for t, pool, ids in zip(
+            self.config.tokens_per_block, self.pools, req.block_ids, strict=False
+        ):
+            step = t // req.hash_block_tokens
+            for j in range(
+                before // t,
+                min(req.num_computed // t, len(ids), len(req.hashes) // step),
+            ):
+                pool.register(ids[j], req.hashes[(j + 1) * step - 1])
+
+    def _finish(self, req: SimRequest) -> None:
+        req.finish_time = self.clock.now
+        self.finished.append(req)
+        keep = (
+            self.connector.request_finished(req.request_id) if self.connector else False
+        )
+        if keep:
+            req.status = RequestStatus.DRAINING
+            self.draining[req.request_id] = req
+        else:
+            self._release(req)
+            req.status = RequestStatus.DONE
+
+    def _release(self, req: SimRequest) -> None:
+        for pool, ids in zip(self.pools, req.block_ids, strict=False):
+            pool.release(ids)
+        req.block_ids = []
