@@ -6,13 +6,21 @@ stops. A prefix counts only as far as every group can serve it, at least one who
 chunk past the engine's hit, capped by `max_load_tokens` and by the last prompt
 token (which the engine must compute itself). A deferral lasts at most
 `max_defer_s`; then the request proceeds with what is readable.
+
+No convoy: when the first chunk a request needs is being loaded into the engine by
+another request, the request waits for that load (it lands in the engine's own
+prefix cache) instead of loading the same chunks again. On a single host link its
+own load would queue behind that one, so waiting is never slower than loading.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvoffload.connector.base import Clock
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.request_state import RequestState
+from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import OffloadingManager
 
 
@@ -20,9 +28,14 @@ class LookupPlanner:
     """Answers `get_num_new_matched_tokens` for one request at a time."""
 
     def __init__(
-        self, config: ConnectorConfig, manager: OffloadingManager, clock: Clock
+        self,
+        config: ConnectorConfig,
+        manager: OffloadingManager,
+        clock: Clock,
+        loading: Mapping[OffloadKey, int],
     ):
         self._config = config
+        self._loading = loading
         self._manager = manager
         self._clock = clock
         self._all_offloaded = all(g.offloaded for g in config.groups)
@@ -40,6 +53,8 @@ class LookupPlanner:
         for group in state.groups:
             chunk_tokens = group.tokens_per_chunk
             first = num_computed_tokens // chunk_tokens
+            if first < len(group.keys) and group.keys[first] in self._loading:
+                must_wait = True  # another request is loading it into the engine
             found = self._manager.lookup_prefix(group.keys[first:], state.ctx)
             end = (first + found.ready) * chunk_tokens
             hit_end = end if hit_end is None else min(hit_end, end)

@@ -28,6 +28,7 @@ from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
 from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.transfers import chunks_to_store, plan_load, store_transfers
+from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     OffloadingEvent,
     OffloadingManager,
@@ -51,7 +52,9 @@ class OffloadConnector:
     ) -> None:
         self.config = config
         self.manager = manager
-        self._lookup = LookupPlanner(config, manager, clock)
+        # Keys being loaded into the engine, with the number of loads carrying them.
+        self._loading: dict[OffloadKey, int] = {}
+        self._lookup = LookupPlanner(config, manager, clock, self._loading)
         self._jobs = JobTracker(config.world_size)
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[TransferJob] = []
@@ -110,6 +113,8 @@ class OffloadConnector:
         keys, transfers = plan_load(self.manager, state, num_computed_tokens, hit)
         record = self._jobs.new(request_id, TransferDirection.LOAD, keys)
         state.load_job = record.job_id
+        for key in keys:
+            self._loading[key] = self._loading.get(key, 0) + 1
         self._pending_loads.append(
             TransferJob(record.job_id, TransferDirection.LOAD, transfers)
         )
@@ -239,6 +244,10 @@ class OffloadConnector:
             stats.load_jobs += 1
             stats.bytes_loaded += record.num_bytes
             stats.load_seconds += record.seconds
+            for key in record.keys:
+                count = self._loading.pop(key, 0) - 1
+                if count > 0:
+                    self._loading[key] = count
             if current:
                 self.manager.complete_load(
                     record.keys, state.ctx if state else ReqContext(record.request_id)

@@ -31,6 +31,10 @@ class BlockPool:
             return 1 << 62
         return len(self._free) + self.num_blocks - self._next_fresh
 
+    def num_free_after_acquire(self, blocks: Sequence[int]) -> int:
+        """Free blocks left once `blocks` (a cached prefix) are acquired."""
+        return self.num_free() - sum(1 for block in blocks if block in self._free)
+
     def cached_prefix(self, hashes: Sequence[bytes]) -> list[int]:
         """Blocks holding the longest cached prefix of `hashes`."""
         if not self.caching:

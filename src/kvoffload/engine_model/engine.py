@@ -154,12 +154,14 @@ class EngineModel:
                 self.worker.submit(job, start + duration)
         self.clock.now = start + duration
         for req, n in work:
-            self._advance(req, n * macro)
+            self._advance(req, n * macro, sampled=macro)
         if self.connector is not None:
             self.connector.on_schedule_end()
 
     def _idle(self) -> None:
         """Nothing to compute: jump to the next arrival or job completion."""
+        if not self.has_work() or self._late_results:
+            return  # late results are delivered by the next step
         events = [r.arrival for r in list(self._arrivals)[:1]]
         done = self.worker.next_completion()
         if done is not None:
@@ -271,8 +273,8 @@ class EngineModel:
             for t, blocks in zip(self.config.tokens_per_block, hit_blocks, strict=True)
         ]
         if any(
-            need > pool.num_free()
-            for need, pool in zip(needed, self.pools, strict=True)
+            need > pool.num_free_after_acquire(blocks)
+            for need, pool, blocks in zip(needed, self.pools, hit_blocks, strict=True)
         ):
             return None
         for pool, blocks in zip(self.pools, hit_blocks, strict=True):
@@ -392,6 +394,7 @@ class EngineModel:
             extra = self._grow(req, req.num_computed + factor)
             assert extra is not None
             ids = tuple(a + b for a, b in zip(item.new_block_ids, extra, strict=True))
+            req.lookahead = factor - 1
             out.append(
                 ScheduledRequest(item.request_id, item.num_computed_tokens, factor, ids)
             )
@@ -408,13 +411,13 @@ class EngineModel:
                 prefill += tm.prefill_seconds(n, req.num_computed)
         return tm.step_seconds(prefill, decoding)
 
-    def _advance(self, req: SimRequest, n: int) -> None:
+    def _advance(self, req: SimRequest, n: int, sampled: int) -> None:
+        req.lookahead = 0
         before = req.num_computed
         req.num_computed += n
         self._register_blocks(req, before)
         if req.num_computed < req.num_tokens:
             return
-        sampled = n if n > 1 and before >= req.num_prompt_tokens else 1
         req.num_output += sampled
         if req.first_token_time is None:
             req.first_token_time = self.clock.now

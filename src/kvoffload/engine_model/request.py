@@ -75,6 +75,8 @@ class SimRequest:
     loaded_tokens: int = 0
     preemptions: int = 0
     scheduled_once: bool = False
+    lookahead: int = 0
+    """Tokens a multi-token decode step will generate, visible to the connector."""
 
     @property
     def num_tokens(self) -> int:
@@ -82,7 +84,8 @@ class SimRequest:
 
     @property
     def block_hashes(self) -> Sequence[bytes]:
-        return HashPrefix(self.hashes, self.num_tokens // self.hash_block_tokens)
+        visible = self.num_tokens + self.lookahead
+        return HashPrefix(self.hashes, visible // self.hash_block_tokens)
 
     @property
     def ttft(self) -> float | None:

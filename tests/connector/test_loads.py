@@ -1,0 +1,190 @@
+"""What gets loaded: hits past the device, mid-chunk starts, caps, deferral, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload import CPUOffloadingManager, ReqContext
+from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector, ScheduledRequest
+from kvoffload.engine_model import SimClock, SimRequest
+from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
+from kvoffload.worker.base import JobResult, TransferDirection
+
+from .conftest import Harness
+
+CHUNK = 12
+
+
+def _fill_device(h: Harness, n: int = 3) -> None:
+    h.run(*[h.request(f"filler-{i}", h.tokens(6 * CHUNK)) for i in range(n)])
+
+
+def test_repeat_after_device_eviction_loads_the_prefix(async_scheduling: bool) -> None:
+    """Scenario: A, then unrelated requests evict A from the device, then A again."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(4 * CHUNK + 5)
+    first = h.request("A1", prompt)
+    h.run(first)
+    _fill_device(h)
+    again = h.request("A2", prompt)
+    h.run(again)
+    assert first.loaded_tokens == 0
+    assert again.device_hit_tokens == 0
+    assert again.loaded_tokens == 4 * CHUNK
+    assert again.ttft is not None and first.ttft is not None
+    assert again.ttft < first.ttft
+
+
+def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(async_scheduling: bool) -> None:
+    """Scenario: blocks_per_chunk 3, block size 4. The device still holds A's first
+    block (re-cached by C); A's three chunks are in the host tier. B repeats A: the
+    load starts at block 1, inside chunk 0."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    assert (b.device_hit_tokens, b.loaded_tokens) == (4, 3 * CHUNK - 4)
+    load = h.connector.loads()[-1]
+    (group,) = load.groups
+    assert len(group.engine_blocks) == 8
+    assert [hb % 3 for hb in group.host_blocks] == [1, 2, 0, 1, 2, 0, 1, 2]
+    assert len(set(group.engine_blocks)) == 8
+
+
+def test_a_full_prompt_hit_leaves_the_last_token_to_the_engine(async_scheduling: bool) -> None:
+    """Scenario: the prompt is exactly 3 chunks and all are offloaded."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt))
+    _fill_device(h)
+    b = h.request("B", prompt)
+    h.run(b)
+    # 35 tokens could be loaded, aligned down to the 4-token block: 32.
+    assert b.loaded_tokens == 32
+
+
+@pytest.mark.parametrize(("cap", "loaded"), [(None, 48), (0, 0), (12, 12), (13, 12), (30, 28)])
+def test_max_load_tokens(async_scheduling: bool, cap: int | None, loaded: int) -> None:
+    """Scenario: 4 chunks offloaded; B asks to load at most `cap` tokens."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(4 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    params = None if cap is None else {"max_load_tokens": cap}
+    b = h.request("B", prompt + h.tokens(1), params=params)
+    h.run(b)
+    assert b.loaded_tokens == loaded
+
+
+def test_less_than_a_chunk_past_the_device_hit_is_not_loaded(async_scheduling: bool) -> None:
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    assert (b.device_hit_tokens, b.loaded_tokens) == (4, 0)
+
+
+def test_failed_load_recomputes_and_serving_continues(async_scheduling: bool) -> None:
+    h = Harness(
+        async_scheduling=async_scheduling,
+        device_blocks=30,
+        fail_job=lambda job: job.direction is TransferDirection.LOAD,
+    )
+    prompt = h.tokens(4 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    assert b.num_output == b.max_output_tokens and b.first_token_time is not None
+    assert b.loaded_tokens == 0
+    stats = h.connector.get_stats()
+    assert stats.failed_load_jobs == 1 and stats.chunks_loaded == 0
+    assert h.connector.num_live_requests() == 0
+
+
+def test_failed_store_leaves_nothing_readable(async_scheduling: bool) -> None:
+    h = Harness(
+        async_scheduling=async_scheduling,
+        fail_job=lambda job: job.direction is TransferDirection.STORE,
+    )
+    a = h.request("A", h.tokens(3 * CHUNK))
+    h.run(a)
+    assert h.manager.get_stats()["cpu"].occupancy == 0
+    assert h.connector.get_stats().failed_store_jobs >= 1
+
+
+def _lookup_harness() -> tuple[OffloadConnector, CPUOffloadingManager, SimClock, BlockHasher]:
+    clock = SimClock()
+    manager = CPUOffloadingManager(16)
+    config = ConnectorConfig((GroupSpec(4, 3),), max_defer_s=0.5)
+    return OffloadConnector(config, manager, clock=clock), manager, clock, BlockHasher(4)
+
+
+def _sim(req_id: str, tokens: list[int], hasher: BlockHasher) -> SimRequest:
+    return SimRequest(req_id, 0.0, len(tokens), 1, hasher.hash_blocks(tokens), 4)
+
+
+def test_pending_chunks_defer_the_lookup_for_a_bounded_time() -> None:
+    connector, manager, clock, hasher = _lookup_harness()
+    tokens = list(range(40))
+    writer = _sim("writer", tokens, hasher)
+    connector.on_new_request(writer)
+    keys = _keys(writer)
+    manager.prepare_store(keys[:2], ReqContext("writer"))  # in flight, never completes
+    out = manager.prepare_store(keys[2:], ReqContext("writer"))
+    assert out is not None
+    manager.complete_store(out.keys_to_store, ReqContext("writer"))
+    reader = _sim("reader", tokens, hasher)
+    assert connector.get_num_new_matched_tokens(reader, 0) is None
+    clock.now = 0.4
+    assert connector.get_num_new_matched_tokens(reader, 0) is None
+    clock.now = 0.6
+    assert connector.get_num_new_matched_tokens(reader, 0) == 0
+    assert connector.get_stats().deferrals == 2
+
+
+def test_retry_lookups_defer_too() -> None:
+    class Unsure(CPUOffloadingManager):
+        def lookup_prefix(self, keys, ctx):  # type: ignore[no-untyped-def]
+            found = super().lookup_prefix(keys, ctx)
+            return found._replace(retry=True)
+
+    clock = SimClock()
+    connector = OffloadConnector(
+        ConnectorConfig((GroupSpec(4, 3),), max_defer_s=0.5), Unsure(4), clock=clock
+    )
+    req = _sim("r", list(range(30)), BlockHasher(4))
+    assert connector.get_num_new_matched_tokens(req, 0) is None
+    clock.now = 1.0
+    assert connector.get_num_new_matched_tokens(req, 0) == 0
+
+
+def _keys(req: SimRequest) -> list[OffloadKey]:
+    return chunk_keys(list(req.block_hashes), 3, 0)
+
+
+def test_job_completes_only_when_every_rank_reported() -> None:
+    clock = SimClock()
+    manager = CPUOffloadingManager(16)
+    connector = OffloadConnector(
+        ConnectorConfig((GroupSpec(4, 3),), world_size=2), manager, clock=clock
+    )
+    req = _sim("r", list(range(30)), BlockHasher(4))
+    connector.on_new_request(req)
+    assert connector.get_num_new_matched_tokens(req, 0) == 0
+    connector.update_state_after_alloc("r", [list(range(8))], 0, 0)
+    plan = connector.build_step([ScheduledRequest("r", 0, 30)])
+    (job,) = plan.stores
+    assert plan.request_of[job.job_id] == "r"
+    connector.on_job_results([JobResult(job.job_id, True, 100, 0.1)], rank=0)
+    connector.on_job_results([JobResult(job.job_id, True, 100, 0.1)], rank=0)
+    assert manager.get_stats()["cpu"].chunks_stored == 0
+    connector.on_job_results([JobResult(job.job_id, True, 100, 0.1)], rank=1)
+    assert manager.get_stats()["cpu"].chunks_stored == 2
+    assert connector.get_stats().bytes_stored == 200

@@ -1,0 +1,113 @@
+"""What gets stored: max_offload_tokens, offload_prompt_only, policies, groups."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvoffload import offload_key_group
+from kvoffload.tiers.base import OffloadPolicy
+
+from .conftest import Harness
+
+CHUNK = 12  # engine blocks of 4 tokens, 3 blocks per chunk
+
+
+@pytest.mark.parametrize(
+    ("value", "chunks", "warns"),
+    [
+        (None, 5, False),
+        ("128", 5, True),
+        (12.0, 5, True),
+        (-1, 5, True),
+        (True, 5, True),
+        (False, 5, True),
+        (0, 0, False),
+        (30, 2, False),
+        (60, 5, False),
+        (1000, 5, False),
+    ],
+)
+def test_max_offload_tokens(
+    async_scheduling: bool,
+    value: object,
+    chunks: int,
+    warns: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: a 60-token prompt (5 chunks) with max_offload_tokens=value."""
+    h = Harness(async_scheduling=async_scheduling)
+    params = {} if value is None else {"max_offload_tokens": value}
+    with caplog.at_level(logging.WARNING):
+        h.run(h.request("req-x", h.tokens(5 * CHUNK), params=params))
+    assert len(h.manager.offered.get("req-x", [])) == chunks
+    assert len(h.manager.stored) == chunks
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == (1 if warns else 0)
+    if warns:
+        assert "req-x" in warnings[0] and repr(value) in warnings[0]
+
+
+@pytest.mark.parametrize(("prompt_only", "expected"), [(True, 2), (False, 6)])
+def test_offload_prompt_only(async_scheduling: bool, prompt_only: bool, expected: int) -> None:
+    """Scenario: a 2-chunk prompt, then 4 chunks' worth of generated tokens.
+
+    49 tokens are generated: the last one's KV is never computed, so 48 are."""
+    h = Harness(async_scheduling=async_scheduling, offload_prompt_only=prompt_only)
+    prompt = h.tokens(2 * CHUNK)
+    req = h.request("r", prompt, output=h.tokens(4 * CHUNK + 1))
+    h.run(req)
+    offered = h.manager.offered["r"]
+    assert len(offered) == expected
+    assert len(set(offered)) == expected
+    prompt_keys = [k for k in offered if offered.index(k) < 2]
+    assert len(prompt_keys) == 2
+
+
+def _evict_from_device(h: Harness, n: int = 3) -> None:
+    h.run(*[h.request(f"filler-{i}", h.tokens(6 * CHUNK)) for i in range(n)])
+
+
+@pytest.mark.parametrize(
+    ("policy", "offered_by_b"),
+    [(OffloadPolicy.CHUNK_LEVEL, 2), (OffloadPolicy.REQUEST_LEVEL, 5)],
+)
+def test_request_level_policy_stores_hit_chunks(
+    async_scheduling: bool, policy: OffloadPolicy, offered_by_b: int
+) -> None:
+    """Scenario: A stores 3 chunks; B extends A's prompt by 2 chunks and hits A's 3.
+
+    CHUNK_LEVEL offers only B's 2 new chunks; REQUEST_LEVEL offers all 5."""
+    h = Harness(async_scheduling=async_scheduling, policy=policy, device_blocks=30)
+    prompt_a = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt_a))
+    _evict_from_device(h)
+    b = h.request("B", prompt_a + h.tokens(2 * CHUNK + 1))
+    h.run(b)
+    assert b.loaded_tokens == 3 * CHUNK
+    assert len(h.manager.offered["B"]) == offered_by_b
+
+
+def test_keys_and_cursors_are_tracked_per_group(async_scheduling: bool) -> None:
+    """Scenario: two groups (4- and 8-token blocks, 3 blocks per chunk); A stores
+    36 tokens, so the tier holds group 0 up to 36 tokens and group 1 up to 24.
+    B repeats A's prompt: it loads only what both groups can serve, 24 tokens."""
+    h = Harness(
+        async_scheduling=async_scheduling,
+        tokens_per_block=(4, 8),
+        blocks_per_chunk=(3, 3),
+        device_blocks=24,
+    )
+    prompt = h.tokens(48)
+    h.run(h.request("A", prompt, params={"max_offload_tokens": 36}))
+    groups = [offload_key_group(k) for k in h.manager.offered["A"]]
+    assert sorted(groups) == [0, 0, 0, 1]
+    _evict_from_device(h)
+    b = h.request("B", prompt + h.tokens(3))
+    h.run(b)
+    assert b.loaded_tokens == 24
+    load = next(job for job in h.connector.loads() if h.connector.plans)
+    by_group = {g.group: g for g in load.groups}
+    assert len(by_group[0].engine_blocks) == 24 // 4
+    assert len(by_group[1].engine_blocks) == 24 // 8
