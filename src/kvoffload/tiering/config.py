@@ -1,0 +1,66 @@
+"""The tiering manager's own settings, and its construction from configuration."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.tiers.secondary import Clock, create_secondary_tiers
+from kvoffload.worker import ChunkBuffer
+
+if TYPE_CHECKING:
+    from kvoffload.tiering.manager import TieringManager
+    from kvoffload.tiers.primary import CPUOffloadingManager
+
+
+@dataclass(frozen=True)
+class TieringConfig:
+    """How long a failed promotion makes its key miss, and how many are remembered."""
+
+    promotion_failure_ttl_s: float = 30.0
+    max_remembered_failures: int = 65_536
+
+    def __post_init__(self) -> None:
+        ttl = self.promotion_failure_ttl_s
+        if (
+            not isinstance(ttl, int | float)
+            or isinstance(ttl, bool)
+            or not math.isfinite(ttl)
+            or ttl <= 0
+        ):
+            raise ValueError(
+                f"promotion_failure_ttl_s: {ttl!r} must be a positive number of seconds"
+            )
+        n = self.max_remembered_failures
+        if type(n) is not int or n < 1:
+            raise ValueError(f"max_remembered_failures: {n!r} must be an int >= 1")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> TieringConfig:
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(mapping) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown tiering keys {unknown}; valid keys: {valid}")
+        return cls(**mapping)
+
+
+def create_tiering_manager(
+    primary: CPUOffloadingManager,
+    secondary_tiers: Sequence[Mapping[str, Any]],
+    buffer: ChunkBuffer,
+    fingerprint: str,
+    config: TieringConfig | None = None,
+    clock: Clock = time.monotonic,
+) -> TieringManager:
+    """A tiering manager over `primary` and the tiers described by mappings.
+
+    `buffer` is the host pool behind `primary` (slot `i` of the manager is slot `i`
+    of the buffer); `fingerprint` names the model and layout (`make_fingerprint`).
+    """
+    from kvoffload.tiering.manager import TieringManager
+
+    tiers = create_secondary_tiers(secondary_tiers, buffer, fingerprint, clock)
+    return TieringManager(primary, tiers, config or TieringConfig(), clock)

@@ -1,0 +1,397 @@
+"""The tiering manager: the primary (host) tier with secondary tiers behind it.
+
+Chunks reach secondary tiers only through the primary tier: a chunk whose primary
+write completes is cascaded to the secondary tiers that accept it, and a chunk
+found only in a secondary tier is promoted into a primary slot before the engine
+can load it. Everything here runs on the scheduler thread and never waits on I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from kvoffload.keys import OffloadKey
+from kvoffload.tiering.config import TieringConfig
+from kvoffload.tiering.promotions import PromotionTracker
+from kvoffload.tiering.requests import RequestState, RequestTracker
+from kvoffload.tiers.base import (
+    LookupResult,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadPolicy,
+    PrefixLookup,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    TierStats,
+)
+from kvoffload.tiers.primary import CPUOffloadingManager
+from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJobResult
+
+logger = logging.getLogger(__name__)
+
+_MISS, _HIT, _PENDING, _RETRY = (
+    LookupResult.MISS,
+    LookupResult.HIT,
+    LookupResult.HIT_PENDING,
+    LookupResult.RETRY,
+)
+
+
+@dataclass(frozen=True)
+class _Job:
+    tier: int
+    promotion: bool
+    job: TierJob
+
+
+class TieringManager(OffloadingManager):
+    """An `OffloadingManager` over a `CPUOffloadingManager` and ordered secondary tiers.
+
+    - Cascade: every chunk whose primary write completes is stored, from its
+      pinned slot, into each secondary tier the writing request's
+      `kv_store_tiers` allows. For tiers that want a request's whole context
+      (`REQUEST_LEVEL`), `prepare_store` also cascades the request's chunks
+      already readable in the primary tier; chunks still being written there are
+      parked and cascaded when their write completes.
+    - Backpressure: each tier has at most `max_inflight_chunks` cascaded chunks
+      in flight; beyond that, cascades are shed and counted as `drops`. A failed
+      cascade leaves the chunk in the primary tier and is not retried.
+    - Promotion: a lookup that misses the primary tier asks the secondary tiers
+      the request's `kv_load_tiers` allows, in order; on a hit it allocates a
+      primary slot and loads the chunk into it, answering `HIT_PENDING` until it
+      lands. A failed promotion frees the slot and its key misses for
+      `promotion_failure_ttl_s`.
+    - Completions are taken from the tiers once per step (at the first lookup
+      or prepare call, and in `on_schedule_end`), never waited for.
+    - `on_request_finished` reaches the secondary tiers once no cascade for the
+      request can follow.
+    """
+
+    def __init__(
+        self,
+        primary: CPUOffloadingManager,
+        tiers: Sequence[SecondaryTier],
+        config: TieringConfig | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        names = [primary.name, *(t.name for t in tiers)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        self.config = config or TieringConfig()
+        self.primary = primary
+        self.tiers = tuple(tiers)
+        self._requests = RequestTracker()
+        self._promotions = PromotionTracker(
+            clock,
+            self.config.promotion_failure_ttl_s,
+            self.config.max_remembered_failures,
+        )
+        self._jobs: dict[int, _Job] = {}
+        self._next_job_id = 0
+        self._inflight = [0] * len(self.tiers)
+        self._shed = [0] * len(self.tiers)
+        self._cascade_pins = 0
+        self._polled = False
+
+    # -- completions -------------------------------------------------------------
+
+    def _poll_once(self) -> None:
+        if not self._polled:
+            self._polled = True
+            self._poll()
+
+    def _poll(self) -> None:
+        for index, tier in enumerate(self.tiers):
+            for result in tier.get_finished_jobs():
+                record = self._jobs.pop(result.job_id)
+                assert record.tier == index, "a tier reported another tier's job"
+                if record.promotion:
+                    self._finish_promotion(record.job, result)
+                else:
+                    self.primary.complete_load(record.job.keys, record.job.ctx)
+                    self._inflight[index] -= len(record.job.keys)
+
+    def _finish_promotion(self, job: TierJob, result: TierJobResult) -> None:
+        failed = set(result.failed_keys)
+        loaded = [k for k in job.keys if k not in failed]
+        lost = [k for k in job.keys if k in failed]
+        if loaded:
+            self.primary.complete_store(loaded, job.ctx, True)
+        if lost:
+            self.primary.complete_store(lost, job.ctx, False)
+        self._promotions.finished(job.keys, lost)
+        self._primary_written(loaded, True)
+        self._primary_written(lost, False)
+
+    def _primary_written(self, keys: Iterable[OffloadKey], success: bool) -> None:
+        """Cascade the chunks that requests parked until their primary write ended."""
+        waiting: dict[str, list[OffloadKey]] = {}
+        for key in keys:
+            for req_id in self._requests.take_parked(key):
+                waiting.setdefault(req_id, []).append(key)
+        for req_id, parked in waiting.items():
+            state = self._requests.get(req_id)
+            assert state is not None
+            if success:
+                readable = [k for k in parked if self.primary.is_readable(k)]
+                self._cascade(readable, state.ctx, state.request_level_tiers)
+            self._maybe_finalize(state)
+
+    # -- cascades ----------------------------------------------------------------
+
+    def _new_job(self, tier: int, promotion: bool, keys: Sequence[OffloadKey],
+                 slots: Sequence[int], ctx: ReqContext) -> TierJob:  # fmt: skip
+        job = TierJob(self._next_job_id, tuple(keys), tuple(slots), ctx)
+        self._next_job_id += 1
+        self._jobs[job.job_id] = _Job(tier, promotion, job)
+        return job
+
+    def _cascade(
+        self, keys: list[OffloadKey], ctx: ReqContext, tiers: Iterable[int]
+    ) -> None:
+        """Store readable primary chunks into `tiers`, pinned until the job ends."""
+        if not keys:
+            return
+        allowed = ctx.params.store_tiers
+        for index in tiers:
+            tier = self.tiers[index]
+            if not allowed.allows(tier.name, tier.medium, tier.locality):
+                continue
+            room = max(0, tier.max_inflight_chunks - self._inflight[index])
+            batch = keys[:room]
+            self._shed[index] += len(keys) - len(batch)
+            if not batch:
+                continue
+            slots = self.primary.prepare_load(batch, ctx)
+            self._cascade_pins += len(batch)
+            self._inflight[index] += len(batch)
+            tier.submit_store(self._new_job(index, False, batch, slots, ctx))
+
+    # -- lookups -----------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        self._poll_once()
+        result = self.primary.lookup(key, ctx)
+        if result is _MISS and self.tiers:
+            return self._lookup_secondary(key, ctx, ())
+        return result
+
+    def lookup_prefix(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrefixLookup:
+        self._poll_once()
+        head = self.primary.lookup_prefix(keys, ctx)
+        if head.present == len(keys) or not self.tiers:
+            return head
+        ready, present = head.ready, head.present
+        readable = ready == present
+        retry = False
+        for i in range(head.present, len(keys)):
+            key = keys[i]
+            result = _MISS if i == head.present else self.primary.lookup(key, ctx)
+            if result is _MISS:
+                result = self._lookup_secondary(key, ctx, keys[i + 1 :])
+            if result is _MISS:
+                break
+            if result is _RETRY:
+                retry = True
+                break
+            present += 1
+            if result is _HIT and readable:
+                ready += 1
+            else:
+                readable = False
+        self._submit_promotions()
+        return PrefixLookup(ready, present, retry)
+
+    def _lookup_secondary(
+        self, key: OffloadKey, ctx: ReqContext, following: Sequence[OffloadKey]
+    ) -> LookupResult:
+        if self._promotions.recently_failed(key):
+            return _MISS
+        allowed = ctx.params.load_tiers
+        retry = False
+        for index, tier in enumerate(self.tiers):
+            if not allowed.allows(tier.name, tier.medium, tier.locality):
+                continue
+            result = tier.lookup(key, ctx)
+            if result is _HIT:
+                return _PENDING if self._start_promotion(index, key, ctx) else _MISS
+            if result is _RETRY:
+                retry = True
+                if following:
+                    tier.prefetch(following, ctx)
+        return _RETRY if retry else _MISS
+
+    def _start_promotion(self, tier: int, key: OffloadKey, ctx: ReqContext) -> bool:
+        out = self.primary.prepare_store((key,), ctx)
+        if out is None or not out.keys_to_store:
+            return False  # no room, or the reuse filter declined it
+        self._promotions.add(tier, ctx, key, out.slots[0])
+        return True
+
+    def _submit_promotions(self) -> None:
+        for load in self._promotions.take_pending():
+            job = self._new_job(load.tier, True, load.keys, load.slots, load.ctx)
+            self.tiers[load.tier].submit_load(job)
+
+    # -- loads and stores --------------------------------------------------------
+
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> tuple[int, ...]:
+        self._poll_once()
+        return self.primary.prepare_load(keys, ctx)
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self.primary.complete_load(keys, ctx)
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self.primary.touch(keys, ctx)
+        for tier in self.tiers:
+            tier.touch(keys, ctx)
+
+    def prepare_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        self._poll_once()
+        state = self._state(ctx)
+        out = self.primary.prepare_store(keys, ctx)
+        if out is None:
+            return None
+        self._requests.writing_started(ctx.req_id, out.keys_to_store)
+        if state.request_level_tiers:
+            storing = set(out.keys_to_store)
+            ready: list[OffloadKey] = []
+            for key in dict.fromkeys(keys):
+                if key in storing:
+                    continue
+                if self.primary.is_readable(key):
+                    ready.append(key)
+                elif self._requests.is_being_written(
+                    key
+                ) or self._promotions.is_in_flight(key):
+                    self._requests.park(ctx.req_id, key)
+            self._cascade(ready, ctx, state.request_level_tiers)
+        return out
+
+    def complete_store(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
+    ) -> None:
+        done = self._requests.writing_done(keys)
+        self.primary.complete_store(keys, ctx, success)
+        every_tier = range(len(self.tiers))
+        for req_id, written in done.items():
+            state = self._requests.get(req_id)
+            assert state is not None
+            if success:
+                readable = [k for k in written if self.primary.is_readable(k)]
+                self._cascade(readable, state.ctx, every_tier)
+            self._primary_written(written, success)
+            self._maybe_finalize(state)
+
+    # -- request lifecycle -------------------------------------------------------
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        self.primary.on_new_request(ctx)
+        allowed = ctx.params.store_tiers
+        request_level = tuple(
+            index
+            for index, tier in enumerate(self.tiers)
+            if tier.on_new_request(ctx).policy is OffloadPolicy.REQUEST_LEVEL
+            and allowed.allows(tier.name, tier.medium, tier.locality)
+        )
+        self._requests.add(ctx, request_level)
+        if request_level:
+            return RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
+        return RequestOffloadingContext(OffloadPolicy.CHUNK_LEVEL)
+
+    def _state(self, ctx: ReqContext) -> RequestState:
+        state = self._requests.get(ctx.req_id)
+        if state is None:
+            logger.debug("request %s: prepare_store before on_new_request", ctx.req_id)
+            self.on_new_request(ctx)
+            state = self._requests.get(ctx.req_id)
+            assert state is not None
+        return state
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        self.primary.on_request_finished(ctx)
+        state = self._requests.get(ctx.req_id)
+        if state is None:
+            return
+        state.finished = True
+        self._maybe_finalize(state)
+
+    def _maybe_finalize(self, state: RequestState) -> None:
+        if not state.finalizable:
+            return
+        self._requests.pop(state.ctx.req_id)
+        for tier in self.tiers:
+            tier.on_request_finished(state.ctx)
+
+    # -- per step, events, stats, reset ------------------------------------------
+
+    def on_schedule_end(self) -> None:
+        self._poll()
+        self._submit_promotions()
+        for tier in self.tiers:
+            tier.on_schedule_end()
+        self._polled = False
+
+    def has_pending_work(self) -> bool:
+        """Whether tier jobs or checks are in flight (keep calling `on_schedule_end`)."""
+        return (
+            bool(self._jobs)
+            or self._promotions.has_pending()
+            or any(tier.has_pending_work() for tier in self.tiers)
+        )
+
+    def take_events(self) -> list[OffloadingEvent]:
+        events = self.primary.take_events()
+        for tier in self.tiers:
+            events.extend(tier.take_events())
+        return events
+
+    def reset_cache(self) -> None:
+        """Drop the primary tier's chunks; secondary tiers keep theirs.
+
+        Waits for every tier job in flight (none is aborted midway: a half-copied
+        chunk would corrupt a slot or a tier), so no I/O thread touches a slot
+        once the primary tier reuses it.
+        """
+        self._requests.drop_in_flight()
+        self._promotions.clear()
+        for tier in self.tiers:
+            tier.drain()
+        self._poll()
+        assert not self._jobs, "tier jobs still in flight after drain"
+        for state in self._requests.finalizable():
+            self._maybe_finalize(state)
+        self.primary.reset_cache()
+        self._polled = False
+
+    def get_stats(self) -> dict[str, TierStats]:
+        stats = self.primary.get_stats()
+        cpu = stats[self.primary.name]
+        # Cascades pin chunks through prepare_load, which the primary tier counts
+        # as loads; the engine's loads are what that counter means.
+        stats[self.primary.name] = replace(
+            cpu, chunks_loaded=cpu.chunks_loaded - self._cascade_pins
+        )
+        for index, tier in enumerate(self.tiers):
+            own = tier.get_stats()
+            stats[tier.name] = replace(own, drops=own.drops + self._shed[index])
+        return stats
+
+    def shutdown(self) -> None:
+        """Shut every tier down (each is attempted even if one fails), then the primary."""
+        with contextlib.ExitStack() as stack:
+            stack.callback(self.primary.shutdown)
+            for tier in self.tiers:
+                stack.callback(tier.shutdown)

@@ -1,0 +1,235 @@
+"""Frozen, validated configurations of the secondary tiers, built once at the edge.
+
+`from_mapping` takes the dict a user writes in `secondary_tiers`, for example
+`{"type": "file", "path": "/nvme/kv", "capacity": "500GiB"}` or
+`{"type": "redis", "url": "redis://cache:6379/0"}`; an unknown key is an error
+that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from kvoffload.config import parse_size
+from kvoffload.config.request_params import LOCALITIES
+from kvoffload.policies import get_policy_class
+from kvoffload.tiers.base import OffloadPolicy
+from kvoffload.tiers.secondary.base import Locality
+
+C = TypeVar("C")
+
+# Fields whose mapping key differs from the field name.
+_MAPPING_KEY = {"capacity_bytes": "capacity"}
+
+
+def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C:
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    by_key = {_MAPPING_KEY.get(n, n): n for n in names}
+    kwargs: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if key == "type":
+            if value != tier_type:
+                raise ValueError(
+                    f"type: {value!r} given to the {tier_type} tier config"
+                )
+            continue
+        if key not in by_key:
+            raise ValueError(
+                f"unknown {tier_type} tier key {key!r}; valid keys: "
+                f"{sorted(['type', *by_key])}"
+            )
+        kwargs[by_key[key]] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required key is missing
+        raise ValueError(f"{tier_type} tier: {exc}") from exc
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or name in ("cpu",):
+        raise ValueError(f"name: {name!r} must be a non-empty string other than 'cpu'")
+
+
+def _check_int(value: object, field_name: str, minimum: int) -> None:
+    if type(value) is not int or value < minimum:
+        raise ValueError(f"{field_name}: {value!r} must be an int >= {minimum}")
+
+
+def _check_seconds(value: object, field_name: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
+        allowed = "a positive number of seconds" + (" or null" if allow_none else "")
+        raise ValueError(f"{field_name}: {value!r} must be {allowed}")
+
+
+def _check_locality(value: object) -> None:
+    if value not in LOCALITIES:
+        raise ValueError(f"locality: {value!r} must be one of {LOCALITIES}")
+
+
+def _offload_policy(value: object) -> OffloadPolicy:
+    if isinstance(value, OffloadPolicy):
+        return value
+    try:
+        return OffloadPolicy(value)
+    except ValueError:
+        raise ValueError(
+            f"offload_policy: {value!r} must be one of "
+            "'chunk_level' (alias 'block_level') or 'request_level'"
+        ) from None
+
+
+def _check_eviction_policy(value: object) -> None:
+    get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
+
+
+@dataclass(frozen=True)
+class FileTierConfig:
+    """A directory of chunk files with a byte capacity (`capacity` in mappings)."""
+
+    path: str
+    capacity_bytes: int
+    eviction_policy: str = "lru"
+    name: str = "file"
+    locality: Locality = "local"
+    offload_policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    num_threads: int = 4
+    max_inflight_chunks: int = 256
+    fsync: bool = False
+    """fsync each file before its rename: survives power loss, not just a crash."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"path: {self.path!r} must be a non-empty directory path")
+        object.__setattr__(
+            self, "capacity_bytes", parse_size(self.capacity_bytes, "capacity")
+        )
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"capacity: {self.capacity_bytes!r} must be > 0 bytes")
+        _check_eviction_policy(self.eviction_policy)
+        _check_name(self.name)
+        _check_locality(self.locality)
+        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
+        _check_int(self.num_threads, "num_threads", 1)
+        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        if not isinstance(self.fsync, bool):
+            raise ValueError(f"fsync: {self.fsync!r} must be true or false")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> FileTierConfig:
+        return _from_mapping(cls, "file", mapping)
+
+
+# Settings the Redis tier makes itself; passing them in `options` would conflict.
+_REDIS_OWNED_OPTIONS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "retry",
+        "retry_on_timeout",
+        "retry_on_error",
+        "decode_responses",
+        "single_connection_client",
+    }
+)
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class RedisTierConfig:
+    """A Redis or Valkey server. `options` go to `redis.Redis.from_url` as they
+    are (`password`, `username`, `ssl_ca_certs`, `ssl_certfile`, ...); the URL
+    may carry the password too, and `rediss://` turns TLS on."""
+
+    url: str
+    name: str = "redis"
+    timeout_s: float = 0.5
+    ttl_s: float | None = None
+    key_prefix: str = "kvoffload"
+    locality: Locality = "remote"
+    offload_policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    num_threads: int = 4
+    max_inflight_chunks: int = 128
+    batch_bytes: int = 64 << 20
+    hit_cache_s: float = 30.0
+    miss_cache_s: float = 1.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(_REDIS_SCHEMES):
+            raise ValueError(
+                f"url: {self.url!r} must start with one of {_REDIS_SCHEMES}"
+            )
+        _check_name(self.name)
+        for name in ("timeout_s", "hit_cache_s", "miss_cache_s"):
+            _check_seconds(getattr(self, name), name)
+        for name in ("backoff_initial_s", "backoff_max_s"):
+            _check_seconds(getattr(self, name), name)
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(
+                f"backoff_max_s: {self.backoff_max_s!r} must be >= "
+                f"backoff_initial_s ({self.backoff_initial_s!r})"
+            )
+        _check_seconds(self.ttl_s, "ttl_s", allow_none=True)
+        if not isinstance(self.key_prefix, str) or not self.key_prefix:
+            raise ValueError(
+                f"key_prefix: {self.key_prefix!r} must be a non-empty string"
+            )
+        _check_locality(self.locality)
+        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
+        _check_int(self.num_threads, "num_threads", 1)
+        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        object.__setattr__(
+            self, "batch_bytes", parse_size(self.batch_bytes, "batch_bytes")
+        )
+        if self.batch_bytes < 1:
+            raise ValueError(f"batch_bytes: {self.batch_bytes!r} must be > 0")
+        if not isinstance(self.options, Mapping) or not all(
+            isinstance(k, str) for k in self.options
+        ):
+            raise ValueError(
+                f"options: {self.options!r} must map option names to values"
+            )
+        clash = sorted(_REDIS_OWNED_OPTIONS.intersection(self.options))
+        if clash:
+            raise ValueError(
+                f"options: {clash} are set by the tier (use timeout_s); "
+                f"not allowed: {sorted(_REDIS_OWNED_OPTIONS)}"
+            )
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> RedisTierConfig:
+        return _from_mapping(cls, "redis", mapping)
+
+
+@dataclass(frozen=True)
+class MemoryTierConfig:
+    """An in-process dict of chunks: the reference tier for tests and simulation."""
+
+    capacity_chunks: int
+    eviction_policy: str = "lru"
+    name: str = "memory"
+    locality: Locality = "local"
+    offload_policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    max_inflight_chunks: int = 256
+
+    def __post_init__(self) -> None:
+        _check_int(self.capacity_chunks, "capacity_chunks", 1)
+        _check_eviction_policy(self.eviction_policy)
+        _check_name(self.name)
+        _check_locality(self.locality)
+        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
+        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> MemoryTierConfig:
+        return _from_mapping(cls, "memory", mapping)

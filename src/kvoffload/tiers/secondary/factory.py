@@ -1,0 +1,74 @@
+"""Build secondary tiers from the mappings users write in `secondary_tiers`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvoffload.tiers.secondary.base import Clock, SecondaryTier
+from kvoffload.tiers.secondary.config import (
+    FileTierConfig,
+    MemoryTierConfig,
+    RedisTierConfig,
+)
+from kvoffload.worker import ChunkBuffer
+
+TIER_TYPES = ("file", "memory", "redis")
+
+
+def create_secondary_tier(
+    mapping: Mapping[str, Any],
+    buffer: ChunkBuffer,
+    fingerprint: str,
+    clock: Clock = time.monotonic,
+) -> SecondaryTier:
+    """A tier from `{"type": "file" | "redis" | "memory", ...}`.
+
+    `buffer` is the host pool the tier copies from and into; `fingerprint` (see
+    `make_fingerprint`) names the model and layout whose chunks it holds.
+    """
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"secondary tier: {mapping!r} must be a mapping with a 'type'")
+    tier_type = mapping.get("type")
+    if tier_type == "file":
+        from kvoffload.tiers.secondary.file_tier import FileTier
+
+        return FileTier(FileTierConfig.from_mapping(mapping), buffer, fingerprint)
+    if tier_type == "redis":
+        from kvoffload.tiers.secondary.redis_tier import RedisTier
+
+        return RedisTier(
+            RedisTierConfig.from_mapping(mapping), buffer, fingerprint, clock
+        )
+    if tier_type == "memory":
+        from kvoffload.tiers.secondary.memory import MemoryTier
+
+        return MemoryTier(MemoryTierConfig.from_mapping(mapping), buffer)
+    raise ValueError(
+        f"type: {tier_type!r} is not a secondary tier type; expected one of {TIER_TYPES}"
+    )
+
+
+def create_secondary_tiers(
+    mappings: Sequence[Mapping[str, Any]],
+    buffer: ChunkBuffer,
+    fingerprint: str,
+    clock: Clock = time.monotonic,
+) -> list[SecondaryTier]:
+    """Tiers in order; names must be unique (events and stats are keyed by name)."""
+    tiers: list[SecondaryTier] = []
+    try:
+        for mapping in mappings:
+            tiers.append(create_secondary_tier(mapping, buffer, fingerprint, clock))
+            names = [t.name for t in tiers]
+            if len(set(names)) != len(names):
+                raise ValueError(
+                    f"name: {names[-1]!r} is used by two secondary tiers; "
+                    "give each tier a distinct 'name'"
+                )
+    except BaseException:
+        for tier in tiers:
+            tier.shutdown()
+        raise
+    return tiers

@@ -1,0 +1,117 @@
+"""The file tier's index: which chunk files exist, their sizes, pins and writes.
+
+Scheduler-thread bookkeeping only (the I/O threads never touch it). Capacity is in
+bytes; the eviction policy orders chunks. A chunk is *reserved* from the moment a
+store is accepted, *readable* once its file is in place, and *deleting* after
+eviction until its file is gone, so a key is never written while its old file may
+still be removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies import EvictionPolicy
+
+
+class Reservation(NamedTuple):
+    ok: bool
+    victims: list[OffloadKey]
+
+
+class FileIndex:
+    """Sizes of reserved and readable chunk files under a byte capacity."""
+
+    def __init__(self, capacity_bytes: int, policy: EvictionPolicy) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self._policy = policy
+        self._sizes: dict[OffloadKey, int] = {}
+        self._writing: set[OffloadKey] = set()
+        self._pins: dict[OffloadKey, int] = {}
+        self._deleting: set[OffloadKey] = set()
+
+    @property
+    def num_readable(self) -> int:
+        return len(self._sizes) - len(self._writing)
+
+    def is_readable(self, key: OffloadKey) -> bool:
+        return key in self._sizes and key not in self._writing
+
+    def is_known(self, key: OffloadKey) -> bool:
+        """Readable, being written, or being deleted: not to be written now."""
+        return key in self._sizes or key in self._deleting
+
+    def _evictable(self, key: OffloadKey) -> bool:
+        return key not in self._writing and key not in self._pins
+
+    def reserve(self, key: OffloadKey, size: int) -> Reservation:
+        """Reserve `size` bytes for a new chunk file, evicting if needed.
+
+        Evicted keys become *deleting*: the caller removes their files and then
+        calls `deleted`. Each `evict` call is all-or-nothing, and victims are
+        asked for in units of `size`, so with equal chunk sizes (one group, or
+        groups of one size) a failed reservation evicts nothing. With mixed sizes
+        a reservation may fail after evicting smaller chunks; those stay evicted.
+        """
+        assert not self.is_known(key), "reserve of a known key"
+        victims: list[OffloadKey] = []
+        if size > self.capacity_bytes:
+            return Reservation(False, victims)
+        while self.used_bytes + size > self.capacity_bytes:
+            deficit = self.used_bytes + size - self.capacity_bytes
+            got = self._policy.evict(-(-deficit // size), (key,), self._evictable)
+            if got is None:
+                return Reservation(False, victims)
+            for victim in got:
+                self.used_bytes -= self._sizes.pop(victim)
+                self._deleting.add(victim)
+            victims.extend(got)
+        self._sizes[key] = size
+        self._writing.add(key)
+        self.used_bytes += size
+        self._policy.insert(key)
+        return Reservation(True, victims)
+
+    def commit(self, key: OffloadKey, success: bool) -> None:
+        """End a reservation: the file is in place, or the write failed."""
+        if key not in self._writing:
+            return
+        self._writing.discard(key)
+        if not success:
+            self.used_bytes -= self._sizes.pop(key)
+            self._policy.remove(key)
+
+    def add_existing(self, key: OffloadKey, size: int) -> Reservation:
+        """Index a file found at start-up (oldest first); evicts beyond capacity."""
+        reservation = self.reserve(key, size)
+        if reservation.ok:
+            self.commit(key, True)
+        return reservation
+
+    def forget(self, key: OffloadKey) -> bool:
+        """Drop a readable chunk whose file turned out bad (the caller deleted it)."""
+        if not self.is_readable(key):
+            return False
+        self.used_bytes -= self._sizes.pop(key)
+        self._policy.remove(key)
+        return True
+
+    def deleted(self, keys: Sequence[OffloadKey]) -> None:
+        """The files of evicted `keys` are gone; the keys may be written again."""
+        self._deleting.difference_update(keys)
+
+    def pin(self, key: OffloadKey) -> None:
+        self._pins[key] = self._pins.get(key, 0) + 1
+
+    def unpin(self, key: OffloadKey) -> None:
+        count = self._pins.get(key, 0)
+        if count <= 1:
+            self._pins.pop(key, None)
+        else:
+            self._pins[key] = count - 1
+
+    def touch(self, keys: Sequence[OffloadKey]) -> None:
+        self._policy.touch(keys)

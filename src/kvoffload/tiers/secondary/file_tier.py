@@ -1,0 +1,318 @@
+"""The file tier: chunks as checked files under a directory, with a byte capacity.
+
+Stores and loads run on a thread pool that writes from, and reads into, the host
+slots directly. The index lives on the scheduler thread and is rebuilt from the
+directory at start, so a restarted process finds the chunks of the previous run.
+A chunk failing any check on load is a miss and its file is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+
+from kvoffload.keys import OffloadKey, offload_key_group
+from kvoffload.policies import create_policy
+from kvoffload.tiers.base import (
+    LookupResult,
+    OffloadingEvent,
+    ReqContext,
+    RequestOffloadingContext,
+    TierStats,
+)
+from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.codec import CorruptChunkError, validate_fingerprint
+from kvoffload.tiers.secondary.config import FileTierConfig
+from kvoffload.tiers.secondary.executor import (
+    BatchOutcome,
+    ExecutorResult,
+    JobExecutor,
+    Task,
+    split_indices,
+)
+from kvoffload.tiers.secondary.file_index import FileIndex
+from kvoffload.tiers.secondary.file_io import ChunkFiles
+from kvoffload.worker import ChunkBuffer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _JobRecord:
+    job: TierJob
+    is_store: bool
+    started: tuple[int, ...]
+    """Indices of the job's keys handed to the I/O threads."""
+    refused: tuple[OffloadKey, ...]
+    """Keys failed before any I/O: no room (store), not readable (load)."""
+    victims: tuple[OffloadKey, ...] = ()
+
+
+class FileTier(SecondaryTier):
+    """A directory of chunk files (see `ChunkFiles`) with a capacity in bytes."""
+
+    def __init__(
+        self, config: FileTierConfig, buffer: ChunkBuffer, fingerprint: str
+    ) -> None:
+        super().__init__(
+            config.name,
+            "storage",
+            config.locality,
+            config.offload_policy,
+            config.max_inflight_chunks,
+        )
+        self.config = config
+        self._buffer = buffer
+        self._files = ChunkFiles(
+            config.path, validate_fingerprint(fingerprint), config.fsync
+        )
+        largest = self._files.file_size(OffloadKey(bytes(36)), buffer.slot_nbytes)
+        self._capacity_chunks = max(1, config.capacity_bytes // largest)
+        self._index = FileIndex(
+            config.capacity_bytes,
+            create_policy(config.eviction_policy, self._capacity_chunks),
+        )
+        self._executor = JobExecutor(config.name, config.num_threads)
+        self._jobs: dict[int, _JobRecord] = {}
+        self._events: list[OffloadingEvent] = []
+        self._stats = TierStats(capacity=self._capacity_chunks)
+        self._rebuild_index()
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of chunk files present or being written."""
+        return self._index.used_bytes
+
+    def chunk_path(self, key: OffloadKey) -> str:
+        """Where the file of `key` lives (whether or not it exists)."""
+        return self._files.path(key)
+
+    def _payload_len(self, key: OffloadKey) -> int | None:
+        try:
+            return self._buffer.chunk_nbytes(offload_key_group(key))
+        except (ValueError, IndexError):
+            return None
+
+    def _rebuild_index(self) -> None:
+        found = sorted(self._files.scan(), key=lambda f: f.mtime)
+        dropped = 0
+        for scanned in found:
+            payload = self._payload_len(scanned.key)
+            expected = (
+                None if payload is None else self._files.file_size(scanned.key, payload)
+            )
+            if scanned.size != expected:
+                self._files.delete(scanned.key)  # truncated, or another layout
+                dropped += 1
+                continue
+            reservation = self._index.add_existing(scanned.key, scanned.size)
+            for victim in reservation.victims:
+                self._files.delete(victim)
+            self._index.deleted(reservation.victims)
+            if not reservation.ok:
+                self._files.delete(scanned.key)
+        if found:
+            logger.info(
+                "%s: found %d chunk files in %s (%d bytes, %d dropped)",
+                self.name,
+                self._index.num_readable,
+                self._files.directory,
+                self._index.used_bytes,
+                dropped,
+            )
+
+    # -- scheduler-thread API ----------------------------------------------------
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        self._stats.lookups += 1
+        if self._index.is_readable(key):
+            self._stats.hits += 1
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def submit_store(self, job: TierJob) -> None:
+        started: list[int] = []
+        refused: list[OffloadKey] = []
+        victims: list[OffloadKey] = []
+        for i, key in enumerate(job.keys):
+            if self._index.is_known(key):
+                continue
+            payload = self._payload_len(key)
+            assert payload is not None, "store of a key without a chunk size"
+            reservation = self._index.reserve(key, self._files.file_size(key, payload))
+            victims.extend(reservation.victims)
+            if reservation.ok:
+                started.append(i)
+            else:
+                refused.append(key)
+        self._stats.store_skipped += len(refused)
+        self._stats.evictions += len(victims)
+        if victims:
+            self._events.append(
+                OffloadingEvent(tuple(victims), self.medium, True, self.name)
+            )
+        self._jobs[job.job_id] = _JobRecord(
+            job, True, tuple(started), tuple(refused), tuple(victims)
+        )
+        tasks = [
+            Task(batch, partial(self._write_batch, job, batch))
+            for batch in self._batches(started)
+        ]
+        if victims:
+            tasks.append(Task((), partial(self._delete_batch, tuple(victims))))
+        self._executor.submit(job.job_id, tasks)
+
+    def submit_load(self, job: TierJob) -> None:
+        started: list[int] = []
+        refused: list[OffloadKey] = []
+        for i, key in enumerate(job.keys):
+            if self._index.is_readable(key):
+                self._index.pin(key)
+                started.append(i)
+            else:
+                refused.append(key)
+        self._jobs[job.job_id] = _JobRecord(job, False, tuple(started), tuple(refused))
+        tasks = [
+            Task(batch, partial(self._read_batch, job, batch))
+            for batch in self._batches(started)
+        ]
+        self._executor.submit(job.job_id, tasks)
+
+    def _batches(self, indices: list[int]) -> list[tuple[int, ...]]:
+        return [
+            tuple(indices[r.start : r.stop])
+            for r in split_indices(len(indices), self._executor.num_threads)
+        ]
+
+    def get_finished_jobs(self) -> list[TierJobResult]:
+        out = []
+        for result in self._executor.take_finished():
+            record = self._jobs.pop(result.job_id)
+            if record.is_store:
+                out.append(self._finish_store(record, result))
+            else:
+                out.append(self._finish_load(record, result))
+        return out
+
+    def _finish_store(
+        self, record: _JobRecord, result: ExecutorResult
+    ) -> TierJobResult:
+        keys = record.job.keys
+        stored = [keys[i] for i in record.started if i not in result.failed]
+        failed = [keys[i] for i in record.started if i in result.failed]
+        for key in stored:
+            self._index.commit(key, True)
+        for key in failed:
+            self._index.commit(key, False)
+        self._index.deleted(record.victims)
+        stats = self._stats
+        stats.chunks_stored += len(stored)
+        stats.bytes_stored += result.num_bytes
+        stats.failures += len(failed)
+        stats.transfer_seconds += result.seconds
+        if stored:
+            self._events.append(
+                OffloadingEvent(tuple(stored), self.medium, False, self.name)
+            )
+        return TierJobResult(
+            record.job.job_id,
+            (*record.refused, *failed),
+            result.num_bytes,
+            result.seconds,
+        )
+
+    def _finish_load(self, record: _JobRecord, result: ExecutorResult) -> TierJobResult:
+        keys = record.job.keys
+        bad: list[OffloadKey] = []
+        for i in record.started:
+            self._index.unpin(keys[i])
+            if i in result.failed and self._index.forget(keys[i]):
+                bad.append(keys[i])
+        if bad:
+            self._events.append(
+                OffloadingEvent(tuple(bad), self.medium, True, self.name)
+            )
+        failed = (
+            *record.refused,
+            *(keys[i] for i in record.started if i in result.failed),
+        )
+        stats = self._stats
+        stats.chunks_loaded += len(record.started) - len(result.failed)
+        stats.bytes_loaded += result.num_bytes
+        stats.failures += len(failed)
+        stats.transfer_seconds += result.seconds
+        return TierJobResult(
+            record.job.job_id, failed, result.num_bytes, result.seconds
+        )
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext(self.offload_policy)
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self._index.touch(keys)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def drain(self) -> None:
+        self._executor.drain()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown()
+
+    def get_stats(self) -> TierStats:
+        return replace(self._stats, occupancy=self._index.num_readable)
+
+    # -- on I/O threads ----------------------------------------------------------
+
+    def _write_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+        failed: list[int] = []
+        errors: list[OSError] = []
+        num_bytes = 0
+        for i in indices:
+            key = job.keys[i]
+            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            try:
+                num_bytes += self._files.write(
+                    key, self._buffer.slot_view(job.slots[i])[:n]
+                )
+            except OSError as exc:
+                failed.append(i)
+                errors.append(exc)
+        if errors:
+            logger.warning(
+                "%s: %d of %d chunk writes failed (first: %s)",
+                self.name,
+                len(errors),
+                len(indices),
+                errors[0],
+            )
+        return BatchOutcome(failed, num_bytes)
+
+    def _read_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+        failed: list[int] = []
+        num_bytes = 0
+        for i in indices:
+            key = job.keys[i]
+            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            try:
+                num_bytes += self._files.read(
+                    key, self._buffer.slot_view(job.slots[i])[:n]
+                )
+            except (CorruptChunkError, OSError) as exc:
+                # Unreadable or wrong: never loaded, and deleted so it is a miss.
+                logger.warning("%s: dropping chunk %s: %s", self.name, key.hex(), exc)
+                self._files.delete(key)
+                failed.append(i)
+        return BatchOutcome(failed, num_bytes)
+
+    def _delete_batch(self, keys: tuple[OffloadKey, ...]) -> BatchOutcome:
+        for key in keys:
+            self._files.delete(key)
+        return BatchOutcome((), 0)

@@ -1,0 +1,130 @@
+"""The in-memory reference tier: a bounded dict of chunk bytes.
+
+It copies on the calling thread (a memory copy, no I/O) and reports results at the
+next `get_finished_jobs`, so it behaves like an asynchronous tier whose jobs end
+within one step. Tests use it as the simplest correct tier; simulations use it as
+a tier with a capacity and a policy but no I/O cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from kvoffload.keys import OffloadKey, offload_key_group
+from kvoffload.policies import EvictionPolicy, create_policy
+from kvoffload.tiers.base import (
+    LookupResult,
+    OffloadingEvent,
+    ReqContext,
+    RequestOffloadingContext,
+    TierStats,
+)
+from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.config import MemoryTierConfig
+from kvoffload.worker import ChunkBuffer
+
+
+class MemoryTier(SecondaryTier):
+    """Chunks as `bytes` in a dict, evicted by a registry policy."""
+
+    def __init__(self, config: MemoryTierConfig, buffer: ChunkBuffer) -> None:
+        super().__init__(
+            config.name,
+            "cpu",
+            config.locality,
+            config.offload_policy,
+            config.max_inflight_chunks,
+        )
+        self.config = config
+        self._buffer = buffer
+        self._chunks: dict[OffloadKey, bytes] = {}
+        self._policy: EvictionPolicy = create_policy(
+            config.eviction_policy, config.capacity_chunks
+        )
+        self._finished: list[TierJobResult] = []
+        self._events: list[OffloadingEvent] = []
+        self._stats = TierStats(capacity=config.capacity_chunks)
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        self._stats.lookups += 1
+        if key in self._chunks:
+            self._stats.hits += 1
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def submit_store(self, job: TierJob) -> None:
+        failed: list[OffloadKey] = []
+        stored: list[OffloadKey] = []
+        num_bytes = 0
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            if key in self._chunks:
+                continue
+            if not self._make_room(key):
+                self._stats.store_skipped += 1
+                failed.append(key)
+                continue
+            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            self._chunks[key] = bytes(self._buffer.slot_view(slot)[:n])
+            self._policy.insert(key)
+            stored.append(key)
+            num_bytes += n
+        self._stats.chunks_stored += len(stored)
+        self._stats.bytes_stored += num_bytes
+        if stored:
+            self._events.append(
+                OffloadingEvent(tuple(stored), self.medium, False, self.name)
+            )
+        self._finished.append(TierJobResult(job.job_id, tuple(failed), num_bytes))
+
+    def _make_room(self, key: OffloadKey) -> bool:
+        if len(self._chunks) < self.config.capacity_chunks:
+            return True
+        victims = self._policy.evict(1, (key,), lambda k: True)
+        if victims is None:
+            return False
+        for victim in victims:
+            del self._chunks[victim]
+        self._stats.evictions += len(victims)
+        self._events.append(
+            OffloadingEvent(tuple(victims), self.medium, True, self.name)
+        )
+        return True
+
+    def submit_load(self, job: TierJob) -> None:
+        failed: list[OffloadKey] = []
+        num_bytes = 0
+        for key, slot in zip(job.keys, job.slots, strict=True):
+            data = self._chunks.get(key)
+            if data is None:
+                failed.append(key)
+                continue
+            self._buffer.slot_view(slot)[: len(data)] = data
+            num_bytes += len(data)
+        self._stats.chunks_loaded += len(job.keys) - len(failed)
+        self._stats.bytes_loaded += num_bytes
+        self._stats.failures += len(failed)
+        self._finished.append(TierJobResult(job.job_id, tuple(failed), num_bytes))
+
+    def get_finished_jobs(self) -> list[TierJobResult]:
+        out, self._finished = self._finished, []
+        return out
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext(self.offload_policy)
+
+    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self._policy.touch(keys)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def has_pending_work(self) -> bool:
+        return bool(self._finished)
+
+    def drain(self) -> None:
+        """Nothing runs in the background."""
+
+    def get_stats(self) -> TierStats:
+        return replace(self._stats, occupancy=len(self._chunks))

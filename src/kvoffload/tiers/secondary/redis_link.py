@@ -1,0 +1,85 @@
+"""The Redis tier's connection: a client with timeouts, health and backoff.
+
+Every call has the configured socket timeout and no client-side retry. The first
+failure after a success marks the server down for a backoff period that doubles
+up to a cap; while down, the tier answers misses and drops stores without calling
+the server. When the period ends, the next call is the probe: success resets the
+backoff, failure doubles it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kvoffload.tiers.secondary.base import Clock
+from kvoffload.tiers.secondary.config import RedisTierConfig
+
+logger = logging.getLogger(__name__)
+
+
+class RedisLink:
+    """A redis-py client plus an up/down state driven by call outcomes."""
+
+    def __init__(self, config: RedisTierConfig, clock: Clock) -> None:
+        self._config = config
+        self._clock = clock
+        self.client: redis.Redis = redis.Redis.from_url(
+            config.url,
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+            **dict(config.options),
+        )
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._down = False
+        self._backoff = config.backoff_initial_s
+        self.failures = 0
+        """Calls that failed (connection lost, timeout, server error)."""
+
+    def available(self) -> bool:
+        """Whether to call the server now (up, or due for a probe)."""
+        return self._clock() >= self._down_until
+
+    def is_down(self) -> bool:
+        """Whether the last call failed and no call has succeeded since."""
+        return self._down
+
+    def succeeded(self) -> None:
+        if not self._down:
+            return
+        with self._lock:
+            if self._down:
+                logger.info("redis tier %s: server reachable again", self._config.name)
+            self._down = False
+            self._backoff = self._config.backoff_initial_s
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self.failures += 1
+            now = self._clock()
+            if now < self._down_until:
+                return  # already backing off: calls in flight failing together
+            logger.warning(
+                "redis tier %s: %s: %s; lookups miss and stores drop for %.1fs",
+                self._config.name,
+                self._config.url.split("@")[-1],
+                exc,
+                self._backoff,
+            )
+            self._down = True
+            self._down_until = now + self._backoff
+            self._backoff = min(2 * self._backoff, self._config.backoff_max_s)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("redis tier %s: close: %s", self._config.name, exc)

@@ -1,0 +1,365 @@
+"""The Redis/Valkey tier: chunks as checked raw-bytes values in a shared server.
+
+Keys are `<prefix>:<fingerprint>:<key hex>`; values are the chunk header followed by
+the payload (never pickle). Capacity is the server's (`maxmemory` with an LRU
+policy, and `ttl_s` if set). Stores and loads are pipelined batches on a thread
+pool.
+
+Lookups are asynchronous: an unknown key answers `RETRY` and joins a batch of
+`EXISTS` calls sent on a lookup thread at the end of the step (with the rest of
+the prefix, through `prefetch`), so a whole prefix costs one round trip and the
+scheduler thread never waits on the network. Answers are cached briefly. A
+synchronous call would block the scheduler for a round trip per chunk, and for
+the whole timeout when the server is slow.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import cast
+
+import redis
+
+from kvoffload.keys import OffloadKey, offload_key_group
+from kvoffload.tiers.base import (
+    LookupResult,
+    OffloadingEvent,
+    ReqContext,
+    RequestOffloadingContext,
+    TierStats,
+)
+from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.codec import (
+    CorruptChunkError,
+    check_header,
+    check_payload,
+    decode_header,
+    encode_header,
+    header_size,
+    payload_checksum,
+    validate_fingerprint,
+)
+from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.executor import (
+    BatchOutcome,
+    ExecutorResult,
+    JobExecutor,
+    Task,
+)
+from kvoffload.tiers.secondary.redis_link import RedisLink
+from kvoffload.worker import ChunkBuffer
+
+logger = logging.getLogger(__name__)
+
+_MAX_KNOWN_KEYS = 200_000
+_MAX_LOOKUP_BATCH = 1024
+_REDIS_ERRORS = (redis.RedisError, OSError)
+
+
+@dataclass(frozen=True)
+class _JobRecord:
+    job: TierJob
+    is_store: bool
+    started: tuple[int, ...]
+    refused: tuple[OffloadKey, ...]
+
+
+class RedisTier(SecondaryTier):
+    """Chunks in a Redis or Valkey server reached through a `redis://` URL."""
+
+    def __init__(
+        self,
+        config: RedisTierConfig,
+        buffer: ChunkBuffer,
+        fingerprint: str,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(
+            config.name,
+            "cpu",
+            config.locality,
+            config.offload_policy,
+            config.max_inflight_chunks,
+        )
+        self.config = config
+        self._buffer = buffer
+        self._fingerprint = validate_fingerprint(fingerprint)
+        self._prefix = f"{config.key_prefix}:{fingerprint}:"
+        self._clock = clock
+        self._ttl_ms = (
+            None if config.ttl_s is None else max(1, int(config.ttl_s * 1000))
+        )
+        self._link = RedisLink(config, clock)
+        self._executor = JobExecutor(config.name, config.num_threads)
+        self._lookups = JobExecutor(f"{config.name}-lookup", 1)
+        self._jobs: dict[int, _JobRecord] = {}
+        self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
+        self._to_ask: dict[OffloadKey, None] = {}
+        self._asking: set[OffloadKey] = set()
+        self._answers_lock = threading.Lock()
+        self._answers: list[tuple[list[OffloadKey], list[bool] | None]] = []
+        self._events: list[OffloadingEvent] = []
+        self._stats = TierStats()
+
+    def redis_key(self, key: OffloadKey) -> str:
+        """The server-side name of a chunk."""
+        return self._prefix + key.hex()
+
+    @property
+    def connected(self) -> bool:
+        """False from a failed call until the next successful one."""
+        return not self._link.is_down()
+
+    # -- lookups -----------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        self._stats.lookups += 1
+        self._absorb_answers()
+        if not self._link.available():
+            return LookupResult.MISS
+        known = self._known.get(key)
+        if known is not None and known[1] > self._clock():
+            if known[0]:
+                self._stats.hits += 1
+                return LookupResult.HIT
+            return LookupResult.MISS
+        self._ask(key)
+        return LookupResult.RETRY
+
+    def prefetch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        if not self._link.available():
+            return
+        now = self._clock()
+        for key in keys:
+            known = self._known.get(key)
+            if known is None or known[1] <= now:
+                self._ask(key)
+
+    def _ask(self, key: OffloadKey) -> None:
+        if key in self._asking or key in self._to_ask:
+            return
+        self._to_ask[key] = None
+        if len(self._to_ask) >= _MAX_LOOKUP_BATCH:
+            self._send_lookups()
+
+    def _send_lookups(self) -> None:
+        if not self._to_ask:
+            return
+        keys = list(self._to_ask)
+        self._to_ask.clear()
+        self._asking.update(keys)
+        self._lookups.submit_call("EXISTS batch", partial(self._exists, keys))
+
+    def _absorb_answers(self) -> None:
+        if not self._answers:
+            return
+        with self._answers_lock:
+            answers, self._answers = self._answers, []
+        now = self._clock()
+        for keys, present in answers:
+            self._asking.difference_update(keys)
+            if present is not None:
+                for key, hit in zip(keys, present, strict=True):
+                    self._remember(key, hit, now)
+
+    def _remember(self, key: OffloadKey, present: bool, now: float) -> None:
+        ttl = self.config.hit_cache_s if present else self.config.miss_cache_s
+        known = self._known
+        known[key] = (present, now + ttl)
+        known.move_to_end(key)
+        while len(known) > _MAX_KNOWN_KEYS:
+            known.popitem(last=False)
+
+    def on_schedule_end(self) -> None:
+        self._absorb_answers()
+        if self._link.available():
+            self._send_lookups()
+        else:
+            self._to_ask.clear()
+
+    # -- jobs --------------------------------------------------------------------
+
+    def submit_store(self, job: TierJob) -> None:
+        if not self._link.available():
+            self._stats.drops += len(job.keys)
+            self._refuse(job, True)
+            return
+        now = self._clock()
+        started = []
+        for i, key in enumerate(job.keys):
+            known = self._known.get(key)
+            if known is None or not known[0] or known[1] <= now:
+                started.append(i)
+        self._start(job, True, started, self._store_batch)
+
+    def submit_load(self, job: TierJob) -> None:
+        if not self._link.available():
+            self._stats.failures += len(job.keys)
+            self._refuse(job, False)
+            return
+        self._start(job, False, list(range(len(job.keys))), self._load_batch)
+
+    def _refuse(self, job: TierJob, is_store: bool) -> None:
+        self._jobs[job.job_id] = _JobRecord(job, is_store, (), job.keys)
+        self._executor.submit(job.job_id, [])
+
+    def _start(
+        self,
+        job: TierJob,
+        is_store: bool,
+        started: list[int],
+        run: Callable[[TierJob, tuple[int, ...]], BatchOutcome],
+    ) -> None:
+        self._jobs[job.job_id] = _JobRecord(job, is_store, tuple(started), ())
+        tasks, batch, batch_bytes = [], [], 0
+        for i in started:
+            batch.append(i)
+            batch_bytes += self._buffer.chunk_nbytes(offload_key_group(job.keys[i]))
+            if batch_bytes >= self.config.batch_bytes:
+                tasks.append(Task(tuple(batch), partial(run, job, tuple(batch))))
+                batch, batch_bytes = [], 0
+        if batch:
+            tasks.append(Task(tuple(batch), partial(run, job, tuple(batch))))
+        self._executor.submit(job.job_id, tasks)
+
+    def get_finished_jobs(self) -> list[TierJobResult]:
+        out = []
+        now = self._clock()
+        for result in self._executor.take_finished():
+            record = self._jobs.pop(result.job_id)
+            out.append(self._finish(record, result, now))
+        return out
+
+    def _finish(
+        self, record: _JobRecord, result: ExecutorResult, now: float
+    ) -> TierJobResult:
+        keys = record.job.keys
+        done = [keys[i] for i in record.started if i not in result.failed]
+        failed = [keys[i] for i in record.started if i in result.failed]
+        stats = self._stats
+        stats.failures += len(failed)
+        stats.transfer_seconds += result.seconds
+        if record.is_store:
+            stats.chunks_stored += len(done)
+            stats.bytes_stored += result.num_bytes
+            for key in done:
+                self._remember(key, True, now)
+            if done:
+                self._events.append(
+                    OffloadingEvent(tuple(done), self.medium, False, self.name)
+                )
+        else:
+            stats.chunks_loaded += len(done)
+            stats.bytes_loaded += result.num_bytes
+            for key in failed:
+                self._remember(key, False, now)
+        return TierJobResult(
+            record.job.job_id,
+            (*record.refused, *failed),
+            result.num_bytes,
+            result.seconds,
+        )
+
+    # -- on I/O threads ----------------------------------------------------------
+
+    def _exists(self, keys: list[OffloadKey]) -> None:
+        present: list[bool] | None
+        try:
+            pipe = self._link.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(self.redis_key(key))
+            present = [bool(n) for n in pipe.execute()]
+            self._link.succeeded()
+        except _REDIS_ERRORS as exc:
+            self._link.failed(exc)
+            present = None
+        with self._answers_lock:
+            self._answers.append((keys, present))
+
+    def _store_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+        pipe = self._link.client.pipeline(transaction=False)
+        num_bytes = 0
+        for i in indices:
+            key = job.keys[i]
+            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            payload = self._buffer.slot_view(job.slots[i])[:n]
+            header = encode_header(key, self._fingerprint, n, payload_checksum(payload))
+            value = bytearray(len(header) + n)
+            value[: len(header)] = header
+            value[len(header) :] = payload
+            pipe.set(self.redis_key(key), value, px=self._ttl_ms)
+            num_bytes += n
+        try:
+            pipe.execute()
+        except _REDIS_ERRORS as exc:
+            self._link.failed(exc)
+            return BatchOutcome(indices, 0)
+        self._link.succeeded()
+        return BatchOutcome((), num_bytes)
+
+    def _load_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+        names = [self.redis_key(job.keys[i]) for i in indices]
+        try:
+            values = cast(list[bytes | None], self._link.client.mget(names))
+        except _REDIS_ERRORS as exc:
+            self._link.failed(exc)
+            return BatchOutcome(indices, 0)
+        self._link.succeeded()
+        failed: list[int] = []
+        corrupt: list[str] = []
+        num_bytes = 0
+        for i, name, value in zip(indices, names, values, strict=True):
+            if value is None:
+                failed.append(i)
+                continue
+            key = job.keys[i]
+            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            try:
+                header = decode_header(value)
+                check_header(header, key, self._fingerprint, n)
+                payload = memoryview(value)[header_size(len(key), self._fingerprint) :]
+                check_payload(header, payload)
+            except CorruptChunkError as exc:
+                logger.warning("%s: dropping chunk %s: %s", self.name, name, exc)
+                corrupt.append(name)
+                failed.append(i)
+                continue
+            self._buffer.slot_view(job.slots[i])[:n] = payload
+            num_bytes += n
+        if corrupt:
+            try:
+                self._link.client.delete(*corrupt)
+            except _REDIS_ERRORS as exc:
+                logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
+        return BatchOutcome(failed, num_bytes)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext(self.offload_policy)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs or self._asking or self._to_ask)
+
+    def drain(self) -> None:
+        self._executor.drain()
+        self._lookups.drain()
+        self._absorb_answers()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown()
+        self._lookups.shutdown()
+        self._link.close()
+
+    def get_stats(self) -> TierStats:
+        return replace(self._stats)

@@ -1,0 +1,153 @@
+"""TieringManager promotions: secondary hits loaded into the primary tier."""
+
+from __future__ import annotations
+
+from tiering_support import SLOT, Clock, HeldTier, key, keys, make_manager, payload
+
+from kvoffload import LookupResult, PrefixLookup, ReqContext
+from kvoffload.tiers.secondary import ArrayChunkBuffer
+
+R1 = ReqContext("r1")
+
+
+def seeded_tier(buf: ArrayChunkBuffer, ids: list[int], **kwargs: object) -> HeldTier:
+    """A tier that already holds chunks `ids` (stored by another engine)."""
+    tier = HeldTier(buf, **kwargs)  # type: ignore[arg-type]
+    for k in keys(*ids):
+        tier.chunks[k] = payload(k, SLOT)
+    return tier
+
+
+def test_secondary_hit_is_promoted_and_pending_until_it_lands() -> None:
+    """Scenario: a chunk only in the secondary tier reads HIT_PENDING while it is
+    loaded into the primary tier, then HIT, and the engine gets its bytes."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = seeded_tier(buf, [1], auto=False)
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()  # the load is submitted at the end of the step
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    tier.release()
+    engine.step()
+    assert m.lookup(key(1), R1) is LookupResult.HIT
+    engine.load(keys(1), R1)
+    assert [kind for kind, _ in tier.calls if kind == "load"] == ["load"]
+
+
+def test_prefix_lookup_promotes_a_whole_prefix_in_one_job() -> None:
+    """Scenario: chunk 1 in the primary tier, chunks 2-3 in the secondary tier,
+    chunk 4 nowhere: the prefix is present up to 3, promoted in one load job."""
+    buf = ArrayChunkBuffer(8, SLOT)
+    tier = seeded_tier(buf, [2, 3])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=8)
+    m.on_new_request(R1)
+    engine.store(keys(1), ReqContext.create("w", {"kv_store_tiers": []}))
+    assert m.lookup_prefix(keys(1, 2, 3, 4), R1) == PrefixLookup(1, 3)
+    assert [ks for kind, ks in tier.calls if kind == "load"] == [(key(2), key(3))]
+    engine.step()
+    assert m.lookup_prefix(keys(1, 2, 3, 4), R1) == PrefixLookup(3, 3)
+    engine.load(keys(1, 2, 3), R1)
+
+
+def test_failed_promotion_frees_its_slot_and_misses_without_retrying() -> None:
+    """Scenario: the tier claims a chunk but its load fails: the primary slot is
+    freed, the next lookups miss (no second load), and after the failure memory
+    expires a lookup tries again."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = seeded_tier(buf, [1])
+    tier.fail_loads = True
+    clock = Clock()
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4, clock=clock)
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()
+    for _ in range(3):
+        assert m.lookup(key(1), R1) is LookupResult.MISS
+        engine.step()
+    assert m.primary.num_free_slots() == 4
+    assert len([c for c in tier.calls if c[0] == "load"]) == 1
+    clock.advance(m.config.promotion_failure_ttl_s + 1)
+    tier.fail_loads = False
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()
+    assert m.lookup(key(1), R1) is LookupResult.HIT
+    engine.load(keys(1), R1)
+
+
+def test_promotion_into_a_full_primary_with_nothing_evictable_misses() -> None:
+    """Scenario: every primary slot is pinned by a load: a secondary hit cannot be
+    promoted and answers MISS (not an endless HIT_PENDING)."""
+    buf = ArrayChunkBuffer(2, SLOT)
+    tier = seeded_tier(buf, [9])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=2)
+    m.on_new_request(R1)
+    engine.store(keys(1, 2), ReqContext.create("w", {"kv_store_tiers": []}))
+    m.prepare_load(keys(1, 2), R1)
+    assert m.lookup(key(9), R1) is LookupResult.MISS
+    m.complete_load(keys(1, 2), R1)
+    assert m.lookup(key(9), R1) is LookupResult.HIT_PENDING
+
+
+def test_load_tier_filter_by_medium_locality_and_name() -> None:
+    """Scenario: kv_load_tiers picks which tiers a request reads: by medium
+    (storage), by locality (remote) or by name; excluded tiers are not asked."""
+    buf = ArrayChunkBuffer(8, SLOT)
+    disk = seeded_tier(buf, [1], name="disk", medium="storage", locality="local")
+    shared = seeded_tier(buf, [2], name="shared", medium="cpu", locality="remote")
+    m, engine = make_manager([disk, shared], buffer=buf, num_chunks=8)
+    cases = [
+        (["storage"], {1}),
+        (["remote"], {2}),
+        (["shared"], {2}),
+        (["cpu:remote", "disk"], {1, 2}),
+        ([], set()),
+    ]
+    for n, (selector, readable) in enumerate(cases):
+        ctx = ReqContext.create(f"q{n}", {"kv_load_tiers": selector})
+        m.on_new_request(ctx)
+        found = {i for i in (1, 2) if m.lookup(key(i), ctx) is not LookupResult.MISS}
+        assert found == readable, selector
+        engine.step()
+        m.reset_cache()  # forget promotions so each selector starts cold
+
+
+def test_secondary_tiers_are_asked_in_order_and_first_hit_wins() -> None:
+    buf = ArrayChunkBuffer(4, SLOT)
+    near = seeded_tier(buf, [1], name="near")
+    far = seeded_tier(buf, [1], name="far")
+    m, engine = make_manager([near, far], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()
+    assert [c[0] for c in near.calls].count("load") == 1
+    assert [c[0] for c in far.calls].count("load") == 0
+
+
+def test_promoted_chunk_is_not_cascaded_back() -> None:
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = seeded_tier(buf, [1])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    engine.lookup_until_known(key(1), R1)
+    assert tier.stored_keys() == []
+
+
+def test_reset_keeps_secondary_chunks_and_waits_for_running_jobs() -> None:
+    """Scenario: reset while a cascade is held: reset drains it, the primary is
+    empty afterwards, a late completion of an old store is ignored, and the
+    chunk is promoted back from the secondary tier."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = HeldTier(buf, auto=False)
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    engine.store(keys(1), R1)
+    engine.store(keys(2), R1, complete=False)
+    m.reset_cache()
+    assert tier.held == [] and key(1) in tier.chunks
+    m.complete_store(keys(2), R1)  # late completion of a job from before the reset
+    assert m.primary.num_free_slots() == 4
+    tier.auto = True
+    assert engine.lookup_until_known(key(1), R1) is LookupResult.HIT
+    engine.load(keys(1), R1)
+    assert m.lookup(key(2), R1) is LookupResult.MISS
