@@ -19,6 +19,8 @@ from kvoffload import (
 from kvoffload.tiering import TieringManager
 from kvoffload.tiers.secondary import (
     ArrayChunkBuffer,
+    FileTier,
+    FileTierConfig,
     SecondaryTier,
     TierJob,
     TierJobResult,
@@ -218,3 +220,29 @@ class HeldTier(SecondaryTier):
 
     def stored_keys(self) -> list[OffloadKey]:
         return [k for kind, ks in self.calls if kind == "store" for k in ks]  # type: ignore[attr-defined]
+
+
+def file_engine(
+    path: object,
+    capacity: int | str = "1MiB",
+    num_chunks: int = 8,
+    fingerprint: str = FINGERPRINT,
+    slot: int = SLOT,
+) -> tuple[TieringManager, Engine, FileTier]:
+    """A manager over a fresh primary tier and a file tier on `path`."""
+    buf = ArrayChunkBuffer(num_chunks, slot)
+    tier = FileTier(FileTierConfig(str(path), capacity), buf, fingerprint)  # type: ignore[arg-type]
+    manager, engine = make_manager([tier], num_chunks=num_chunks, buffer=buf)
+    return manager, engine, tier
+
+
+def chunk_files(path: object) -> list[str]:
+    """Every file under `path` (recursively), as relative paths."""
+    import os
+
+    root = str(path)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root)
+        for d, _, fs in os.walk(root)
+        for f in fs
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -27,8 +27,8 @@ _MAPPING_KEY = {"capacity_bytes": "capacity"}
 
 
 def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C:
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    by_key = {_MAPPING_KEY.get(n, n): n for n in names}
+    all_fields = fields(cls)  # type: ignore[arg-type]
+    by_key = {_MAPPING_KEY.get(f.name, f.name): f.name for f in all_fields}
     kwargs: dict[str, Any] = {}
     for key, value in mapping.items():
         if key == "type":
@@ -43,10 +43,16 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
                 f"{sorted(['type', *by_key])}"
             )
         kwargs[by_key[key]] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a required key is missing
-        raise ValueError(f"{tier_type} tier: {exc}") from exc
+    missing = [
+        _MAPPING_KEY.get(f.name, f.name)
+        for f in all_fields
+        if f.name not in kwargs
+        and f.default is MISSING
+        and f.default_factory is MISSING
+    ]
+    if missing:
+        raise ValueError(f"{tier_type} tier: missing required key(s) {missing}")
+    return cls(**kwargs)
 
 
 def _check_name(name: object) -> None:

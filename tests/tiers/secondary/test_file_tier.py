@@ -1,0 +1,136 @@
+"""FileTier specifics: layout, index rebuild, byte capacity and eviction."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from secondary_support import CTX, FINGERPRINT, GROUPS, Jobs, key, payload, resolve
+
+from kvoffload import LookupResult
+from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig, codec
+
+FILE_SIZE = codec.header_size(36, FINGERPRINT) + GROUPS[0]
+
+
+def tier_at(
+    path: Path, buffer: ArrayChunkBuffer, capacity: int = 1 << 20, **kw: object
+) -> FileTier:
+    return FileTier(FileTierConfig(str(path), capacity, **kw), buffer, FINGERPRINT)  # type: ignore[arg-type]
+
+
+def store(tier: FileTier, buffer: ArrayChunkBuffer, ids: list[int]) -> None:
+    jobs = Jobs(tier)
+    for i in ids:
+        buffer.slot_view(0)[: GROUPS[0]] = payload(key(i), GROUPS[0])
+        assert jobs.store([key(i)], [0]).success
+
+
+def test_files_are_spread_over_two_levels_under_the_fingerprint(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1])
+    hexkey = key(1).hex()
+    expected = tmp_path / FINGERPRINT / hexkey[:2] / hexkey[2:4] / f"{hexkey}.kvc"
+    assert tier.chunk_path(key(1)) == str(expected)
+    assert expected.stat().st_size == FILE_SIZE
+    tier.shutdown()
+
+
+def test_rebuild_removes_temporary_files_and_keeps_chunks(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1, 2])
+    tier.shutdown()
+    leftover = Path(tier.chunk_path(key(3)) + ".123.456.tmp")
+    leftover.parent.mkdir(parents=True, exist_ok=True)
+    leftover.write_bytes(b"half a chunk")
+    again = tier_at(tmp_path, buffer)
+    assert not leftover.exists()
+    assert [resolve(again, key(i)) for i in (1, 2, 3)] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.MISS,
+    ]
+    assert again.used_bytes == 2 * FILE_SIZE
+    again.shutdown()
+
+
+def test_rebuild_with_a_smaller_capacity_keeps_the_newest_files(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1, 2, 3])
+    tier.shutdown()
+    base = time.time() - 100
+    for age, i in enumerate((3, 1, 2)):  # oldest first: 3, then 1, then 2
+        os.utime(tier.chunk_path(key(i)), (base + age, base + age))
+    small = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    assert [resolve(small, key(i)) for i in (1, 2, 3)] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.MISS,
+    ]
+    assert not os.path.exists(tier.chunk_path(key(3)))
+    small.shutdown()
+
+
+def test_full_tier_evicts_least_recently_used_and_touch_refreshes(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    store(tier, buffer, [1, 2])
+    tier.touch([key(1)], CTX)
+    store(tier, buffer, [3])
+    assert [resolve(tier, key(i)) for i in (1, 2, 3)] == [
+        LookupResult.HIT,
+        LookupResult.MISS,
+        LookupResult.HIT,
+    ]
+    tier.drain()
+    tier.get_finished_jobs()
+    assert not os.path.exists(tier.chunk_path(key(2)))
+    removed = [e.keys for e in tier.take_events() if e.removed]
+    assert removed == [(key(2),)]
+    assert tier.get_stats().evictions == 1
+    tier.shutdown()
+
+
+def test_chunk_larger_than_the_capacity_is_skipped_and_counted(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE - 1)
+    buffer.slot_view(0)[: GROUPS[0]] = payload(key(1), GROUPS[0])
+    result = Jobs(tier).store([key(1)], [0])
+    assert result.failed_keys == (key(1),)
+    assert tier.get_stats().store_skipped == 1
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    tier.shutdown()
+
+
+def test_eviction_policy_comes_from_the_registry(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE, eviction_policy="arc")
+    store(tier, buffer, [1, 2, 3])
+    hits = [i for i in (1, 2, 3) if resolve(tier, key(i)) is LookupResult.HIT]
+    assert len(hits) == 2 and 3 in hits
+    tier.shutdown()
+
+
+def test_many_chunks_in_one_job_use_several_threads(tmp_path: Path) -> None:
+    buffer = ArrayChunkBuffer(32, 4096)
+    tier = tier_at(tmp_path, buffer, num_threads=4)
+    ks = [key(i) for i in range(32)]
+    for slot, k in enumerate(ks):
+        buffer.slot_view(slot)[:] = payload(k, 4096)
+    jobs = Jobs(tier)
+    assert jobs.store(ks, list(range(32))).success
+    for slot in range(32):
+        buffer.slot_view(slot)[:] = bytes(4096)
+    assert jobs.load(ks, list(range(32))).num_bytes == 32 * 4096
+    assert all(bytes(buffer.slot_view(s)) == payload(k, 4096) for s, k in enumerate(ks))
+    tier.shutdown()

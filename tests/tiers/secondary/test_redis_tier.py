@@ -1,0 +1,112 @@
+"""RedisTier specifics: namespaces, TTL, an unreachable server, backoff."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import redis
+from secondary_support import CTX, GROUPS, Jobs, key, payload, resolve
+
+from kvoffload import LookupResult
+from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
+from kvoffload.tiers.secondary.redis_tier import RedisTier
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored(tier: RedisTier, buffer: ArrayChunkBuffer, i: int) -> None:
+    buffer.slot_view(0)[: GROUPS[0]] = payload(key(i), GROUPS[0])
+    assert Jobs(tier).store([key(i)], [0]).success
+
+
+def test_fingerprints_namespace_the_keys(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    a = RedisTier(RedisTierConfig(redis_url), buffer, "model-a")
+    b = RedisTier(RedisTierConfig(redis_url), buffer, "model-b")
+    stored(a, buffer, 1)
+    assert resolve(a, key(1)) is LookupResult.HIT
+    assert resolve(b, key(1)) is LookupResult.MISS
+    assert a.redis_key(key(1)) == f"kvoffload:model-a:{key(1).hex()}"
+    a.shutdown()
+    b.shutdown()
+
+
+def test_values_carry_the_ttl(redis_url: str, buffer: ArrayChunkBuffer) -> None:
+    tier = RedisTier(RedisTierConfig(redis_url, ttl_s=120), buffer, "m")
+    stored(tier, buffer, 1)
+    ttl_ms = redis.Redis.from_url(redis_url).pttl(tier.redis_key(key(1)))
+    assert 0 < ttl_ms <= 120_000  # type: ignore[operator]
+    tier.shutdown()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def test_unreachable_server_gives_misses_and_drops_then_backs_off(
+    buffer: ArrayChunkBuffer,
+) -> None:
+    """Scenario: no server at the URL: the first lookup's check fails, later
+    lookups miss and stores are dropped without calls until the backoff ends;
+    the backoff doubles on each failed probe."""
+    clock = Clock()
+    config = RedisTierConfig(closed_port_url(), timeout_s=0.2, backoff_initial_s=1.0)
+    tier = RedisTier(config, buffer, "m", clock)
+    assert tier.lookup(key(1), CTX) is LookupResult.RETRY
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert not tier.connected
+    jobs = Jobs(tier)
+    assert jobs.store([key(2)], [0]).failed_keys == (key(2),)
+    assert tier.get_stats().drops == 1
+    assert jobs.load([key(2)], [1]).failed_keys == (key(2),)
+    clock.now += 1.0  # first backoff over: the next call probes, fails, doubles
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    clock.now += 1.5
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS  # still within 2 s
+    clock.now += 0.6
+    assert tier.lookup(key(1), CTX) is LookupResult.RETRY
+    tier.shutdown()
+
+
+def test_absent_value_on_load_fails_and_is_remembered_as_absent(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    tier = RedisTier(RedisTierConfig(redis_url), buffer, "m")
+    stored(tier, buffer, 1)
+    assert resolve(tier, key(1)) is LookupResult.HIT
+    redis.Redis.from_url(redis_url).delete(
+        tier.redis_key(key(1))
+    )  # evicted by the server
+    assert Jobs(tier).load([key(1)], [1]).failed_keys == (key(1),)
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    tier.shutdown()
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 1 << 20])
+def test_large_jobs_are_split_into_pipelined_batches(
+    redis_url: str, batch_bytes: int
+) -> None:
+    buffer = ArrayChunkBuffer(24, 2048)
+    tier = RedisTier(RedisTierConfig(redis_url, batch_bytes=batch_bytes), buffer, "m")
+    ks = [key(i) for i in range(12)]
+    for slot, k in enumerate(ks):
+        buffer.slot_view(slot)[:] = payload(k, 2048)
+    jobs = Jobs(tier)
+    assert jobs.store(ks, list(range(12))).success
+    result = jobs.load(ks, list(range(12, 24)))
+    assert result.success and result.num_bytes == 12 * 2048
+    assert all(
+        bytes(buffer.slot_view(12 + i)) == payload(k, 2048) for i, k in enumerate(ks)
+    )
+    tier.shutdown()

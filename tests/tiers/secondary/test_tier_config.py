@@ -1,0 +1,167 @@
+"""Tier configurations and the factory: parsing, validation, error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from secondary_support import FINGERPRINT
+
+from kvoffload import OffloadPolicy
+from kvoffload.tiering import TieringConfig
+from kvoffload.tiers.secondary import (
+    ArrayChunkBuffer,
+    FileTierConfig,
+    RedisTierConfig,
+    create_secondary_tier,
+    create_secondary_tiers,
+    make_fingerprint,
+)
+
+
+def test_file_config_from_mapping_parses_sizes_and_policies(tmp_path: Path) -> None:
+    config = FileTierConfig.from_mapping(
+        {
+            "type": "file",
+            "path": str(tmp_path),
+            "capacity": "10GiB",
+            "offload_policy": "block_level",
+        }
+    )
+    assert config.capacity_bytes == 10 << 30
+    assert config.offload_policy is OffloadPolicy.CHUNK_LEVEL
+    assert (config.name, config.locality, config.eviction_policy) == (
+        "file",
+        "local",
+        "lru",
+    )
+
+
+def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown file tier key 'capcity'.*'capacity'.*'path'"
+    ):
+        FileTierConfig.from_mapping({"path": str(tmp_path), "capcity": "1GiB"})
+    with pytest.raises(ValueError, match=r"unknown redis tier key 'host'.*'url'"):
+        RedisTierConfig.from_mapping({"url": "redis://x", "host": "x"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"capacity_bytes": "lots"}, r"capacity: cannot parse 'lots'"),
+        ({"capacity_bytes": 0}, r"capacity: 0 must be > 0"),
+        ({"eviction_policy": "fifo"}, r"eviction_policy: unknown policy 'fifo'"),
+        ({"locality": "mars"}, r"locality: 'mars' must be one of"),
+        ({"offload_policy": "all"}, r"offload_policy: 'all' must be one of"),
+        ({"num_threads": 0}, r"num_threads: 0 must be an int >= 1"),
+        ({"name": "cpu"}, r"name: 'cpu'"),
+        ({"path": ""}, r"path: '' must be"),
+    ],
+)
+def test_file_config_errors_name_field_value_and_what_is_allowed(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    kwargs: dict[str, object] = {
+        "path": str(tmp_path),
+        "capacity_bytes": 1024,
+        **overrides,
+    }
+    with pytest.raises(ValueError, match=message):
+        FileTierConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_missing_required_key_is_a_value_error() -> None:
+    with pytest.raises(
+        ValueError, match=r"file tier: missing required key\(s\) \['capacity'\]"
+    ):
+        FileTierConfig.from_mapping({"type": "file", "path": "/x"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"url": "http://x"}, r"url: 'http://x' must start with one of"),
+        ({"timeout_s": 0}, r"timeout_s: 0 must be a positive number"),
+        ({"ttl_s": -1}, r"ttl_s: -1 must be a positive number of seconds or null"),
+        (
+            {"options": {"socket_timeout": 3}},
+            r"options: \['socket_timeout'\] are set by the tier",
+        ),
+        (
+            {"backoff_initial_s": 10, "backoff_max_s": 1},
+            r"backoff_max_s: 1 must be >= ",
+        ),
+        ({"batch_bytes": "1MB", "key_prefix": ""}, r"key_prefix: '' must be"),
+    ],
+)
+def test_redis_config_errors(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisTierConfig(**{"url": "redis://localhost", **overrides})  # type: ignore[arg-type]
+
+
+def test_redis_config_passes_options_through_and_parses_sizes() -> None:
+    config = RedisTierConfig.from_mapping(
+        {
+            "type": "redis",
+            "url": "rediss://:pw@cache:6380/1",
+            "options": {"ssl_ca_certs": "/ca.pem"},
+            "batch_bytes": "8MiB",
+            "ttl_s": 3600,
+        }
+    )
+    assert dict(config.options) == {"ssl_ca_certs": "/ca.pem"}
+    assert config.batch_bytes == 8 << 20
+    assert config.locality == "remote" and config.ttl_s == 3600
+
+
+def test_factory_builds_by_type_and_rejects_unknown_types_and_duplicate_names(
+    tmp_path: Path,
+) -> None:
+    buf = ArrayChunkBuffer(2, 64)
+    tier = create_secondary_tier(
+        {"type": "memory", "capacity_chunks": 4}, buf, FINGERPRINT
+    )
+    assert (tier.name, tier.medium) == ("memory", "cpu")
+    with pytest.raises(
+        ValueError, match=r"type: 's3' is not a secondary tier type; expected one of"
+    ):
+        create_secondary_tier({"type": "s3"}, buf, FINGERPRINT)
+    with pytest.raises(ValueError, match=r"name: 'memory' is used by two"):
+        create_secondary_tiers(
+            [{"type": "memory", "capacity_chunks": 4}] * 2, buf, FINGERPRINT
+        )
+    file_tier = create_secondary_tier(
+        {"type": "file", "path": str(tmp_path), "capacity": 4096}, buf, FINGERPRINT
+    )
+    assert (file_tier.medium, file_tier.locality) == ("storage", "local")
+    file_tier.shutdown()
+
+
+def test_fingerprint_must_be_a_safe_name(tmp_path: Path) -> None:
+    buf = ArrayChunkBuffer(2, 64)
+    with pytest.raises(ValueError, match=r"fingerprint: '../x' is not allowed"):
+        create_secondary_tier(
+            {"type": "file", "path": str(tmp_path), "capacity": 4096}, buf, "../x"
+        )
+    fp = make_fingerprint({"model": "m", "dtype": "bfloat16", "blocks_per_chunk": 4})
+    assert fp == make_fingerprint(
+        {"blocks_per_chunk": 4, "dtype": "bfloat16", "model": "m"}
+    )
+    assert fp != make_fingerprint(
+        {"model": "m", "dtype": "float16", "blocks_per_chunk": 4}
+    )
+    assert len(fp) == 32
+
+
+def test_tiering_config_validation() -> None:
+    assert (
+        TieringConfig.from_mapping(
+            {"promotion_failure_ttl_s": 5}
+        ).promotion_failure_ttl_s
+        == 5
+    )
+    with pytest.raises(ValueError, match=r"unknown tiering keys \['ttl'\]; valid keys"):
+        TieringConfig.from_mapping({"ttl": 5})
+    with pytest.raises(ValueError, match="promotion_failure_ttl_s: 0"):
+        TieringConfig(promotion_failure_ttl_s=0)
