@@ -209,3 +209,18 @@ def test_finish_of_an_idle_request_is_forwarded_at_once_and_once() -> None:
     m.on_request_finished(R1)
     m.on_request_finished(R1)
     assert tier.calls.count(("finished", "r1")) == 1
+
+
+def test_request_level_chunk_offered_again_while_writing_cascades_once() -> None:
+    """Scenario: a request-level request offers a chunk again while it is still
+    writing it: the chunk reaches the tier once, and its finish is forwarded once."""
+    buf = ArrayChunkBuffer(8, 256)
+    whole = HeldTier(buf, name="whole", policy=OffloadPolicy.REQUEST_LEVEL)
+    m, engine = make_manager([whole], buffer=buf, num_chunks=8)
+    m.on_new_request(R1)
+    engine.store(keys(1), R1, complete=False)
+    assert m.prepare_store(keys(1), R1) is not None
+    m.on_request_finished(R1)
+    m.complete_store(keys(1), R1)
+    assert whole.stored_keys() == keys(1)
+    assert whole.calls.count(("finished", "r1")) == 1

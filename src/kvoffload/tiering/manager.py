@@ -266,19 +266,35 @@ class TieringManager(OffloadingManager):
             return None
         self._requests.writing_started(ctx.req_id, out.keys_to_store)
         if state.request_level_tiers:
-            storing = set(out.keys_to_store)
-            ready: list[OffloadKey] = []
-            for key in dict.fromkeys(keys):
-                if key in storing:
-                    continue
-                if self.primary.is_readable(key):
-                    ready.append(key)
-                elif self._requests.is_being_written(
-                    key
-                ) or self._promotions.is_in_flight(key):
-                    self._requests.park(ctx.req_id, key)
-            self._cascade(ready, ctx, state.request_level_tiers)
+            self._cascade_present(keys, set(out.keys_to_store), ctx, state)
         return out
+
+    def _cascade_present(
+        self,
+        keys: Sequence[OffloadKey],
+        storing: set[OffloadKey],
+        ctx: ReqContext,
+        state: RequestState,
+    ) -> None:
+        """Cascade to a request's request-level tiers the chunks the primary tier
+        already has: readable ones now; ones another request is writing, or being
+        promoted, when their write ends (parked). Chunks this request writes
+        itself cascade on completion anyway; absent ones are skipped."""
+        ready: list[OffloadKey] = []
+        for key in dict.fromkeys(keys):
+            if key in storing:
+                continue
+            if self.primary.is_readable(key):
+                ready.append(key)
+                continue
+            writer = self._requests.writer(key)
+            if writer is None:
+                pending = self._promotions.is_in_flight(key)
+            else:
+                pending = writer != ctx.req_id
+            if pending:
+                self._requests.park(ctx.req_id, key)
+        self._cascade(ready, ctx, state.request_level_tiers)
 
     def complete_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
@@ -329,7 +345,7 @@ class TieringManager(OffloadingManager):
         self._maybe_finalize(state)
 
     def _maybe_finalize(self, state: RequestState) -> None:
-        if not state.finalizable:
+        if not state.finalizable or self._requests.get(state.ctx.req_id) is not state:
             return
         self._requests.pop(state.ctx.req_id)
         for tier in self.tiers:

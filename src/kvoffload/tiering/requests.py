@@ -65,8 +65,9 @@ class RequestTracker:
                 self._writer[key] = req_id
                 state.writing += 1
 
-    def is_being_written(self, key: OffloadKey) -> bool:
-        return key in self._writer
+    def writer(self, key: OffloadKey) -> str | None:
+        """The request writing `key` into the primary tier, if any."""
+        return self._writer.get(key)
 
     def writing_done(self, keys: Iterable[OffloadKey]) -> dict[str, list[OffloadKey]]:
         """Forget the writers of `keys`; returns the keys each request finished."""
