@@ -45,6 +45,9 @@ class ConnectorConfig:
       readable.
     - `world_size`: worker ranks that report each job; a job completes when all
       have reported, and succeeds only if all succeeded.
+    - `engine_prefix_caching`: the engine keeps loaded blocks in its own prefix
+      cache for other requests (vLLM does). Then a request whose prefix another
+      request is loading waits for that load instead of loading it again.
     """
 
     groups: tuple[GroupSpec, ...]
@@ -52,6 +55,7 @@ class ConnectorConfig:
     offload_prompt_only: bool = True
     max_defer_s: float = 1.0
     world_size: int = 1
+    engine_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not self.groups:

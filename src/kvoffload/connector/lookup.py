@@ -53,7 +53,11 @@ class LookupPlanner:
         for group in state.groups:
             chunk_tokens = group.tokens_per_chunk
             first = num_computed_tokens // chunk_tokens
-            if first < len(group.keys) and group.keys[first] in self._loading:
+            if (
+                self._config.engine_prefix_caching
+                and first < len(group.keys)
+                and group.keys[first] in self._loading
+            ):
                 must_wait = True  # another request is loading it into the engine
             found = self._manager.lookup_prefix(group.keys[first:], state.ctx)
             end = (first + found.ready) * chunk_tokens

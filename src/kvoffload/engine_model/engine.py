@@ -11,10 +11,12 @@ the connector one step late, as with vLLM's overlapped scheduler.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from kvoffload.connector import OffloadConnector, ScheduledRequest
 from kvoffload.engine_model.block_pool import BlockPool
@@ -41,7 +43,10 @@ class EngineConfig:
     `device_blocks` is per group; `None` means unlimited device memory and no
     prefix cache (nothing is reused on the device). `macro_decode` lets quiet
     stretches of pure decoding advance several tokens per step (same outcome,
-    fewer Python steps).
+    fewer Python steps). `decode_model="delay"` (for long replays) takes a request
+    out of the step loop once its first token is out: its decode runs alongside
+    for `decode_step_s` per token, holding its blocks, and its decode KV reaches
+    the connector when it finishes.
     """
 
     tokens_per_block: tuple[int, ...] = (16,)
@@ -50,6 +55,7 @@ class EngineConfig:
     max_running: int = 256
     async_scheduling: bool = False
     macro_decode: bool = True
+    decode_model: Literal["steps", "delay"] = "steps"
     time_model: TimeModel = field(default_factory=TimeModel)
 
     def __post_init__(self) -> None:
@@ -86,6 +92,10 @@ class EngineModel:
         self.finished: list[SimRequest] = []
         self._by_id: dict[str, SimRequest] = {}
         self._late_results: list[JobResult] = []
+        self._decoding: list[
+            tuple[float, int, SimRequest, tuple[tuple[int, ...], ...]]
+        ] = []
+        self._decode_seq = 0
         self.steps = 0
 
     # -- driving -----------------------------------------------------------------
@@ -112,6 +122,7 @@ class EngineModel:
             or self.running
             or self.draining
             or self._late_results
+            or self._decoding
         ) or (self.connector is not None and self.connector.has_pending_jobs())
 
     def abort(self, request_id: str) -> None:
@@ -139,6 +150,8 @@ class EngineModel:
         macro = self._macro_factor(work)
         if macro > 1:
             scheduled = self._extend_decode(scheduled, work, macro)
+        decoded = self._take_decoded()
+        scheduled += [item for item, _ in decoded]
         plan = self.connector.build_step(scheduled) if self.connector else None
         if not scheduled and (plan is None or plan.empty):
             self._idle()
@@ -155,6 +168,8 @@ class EngineModel:
         self.clock.now = start + duration
         for req, n in work:
             self._advance(req, n * macro, sampled=macro)
+        for item, req in decoded:
+            self._advance(req, item.num_scheduled_tokens, item.num_scheduled_tokens)
         if self.connector is not None:
             self.connector.on_schedule_end()
 
@@ -166,6 +181,8 @@ class EngineModel:
         done = self.worker.next_completion()
         if done is not None:
             events.append(done)
+        if self._decoding:
+            events.append(self._decoding[0][0])
         if self.waiting and self.connector is not None:
             events.append(self.clock.now + self.connector.config.max_defer_s / 4)
         nxt = min(events, default=None)
@@ -367,6 +384,8 @@ class EngineModel:
         done = self.worker.next_completion()
         if done is not None:
             horizon.append(done)
+        if self._decoding:
+            horizon.append(self._decoding[0][0])
         if horizon and one > 0:
             factor = min(factor, int((min(horizon) - self.clock.now) / one))
         if factor <= 1:
@@ -422,8 +441,41 @@ class EngineModel:
         if req.first_token_time is None:
             req.first_token_time = self.clock.now
         if req.num_output >= req.max_output_tokens:
-            self.running.remove(req)
+            if req in self.running:
+                self.running.remove(req)
             self._finish(req)
+        elif self.config.decode_model == "delay" and req in self.running:
+            self._start_delayed_decode(req)
+
+    def _start_delayed_decode(self, req: SimRequest) -> None:
+        """Decode the rest off the step loop, holding blocks for all of it."""
+        remaining = req.max_output_tokens - req.num_output
+        tokens = req.num_computed + remaining
+        needed = [
+            max(0, math.ceil(tokens / t) - len(ids))
+            for t, ids in zip(self.config.tokens_per_block, req.block_ids, strict=True)
+        ]
+        if any(n > p.num_free() for n, p in zip(needed, self.pools, strict=True)):
+            return  # not enough memory: keep decoding step by step
+        self.running.remove(req)
+        new_ids = self._grow(req, tokens)
+        assert new_ids is not None
+        tm = self.config.time_model
+        end = self.clock.now + remaining * (tm.decode_step_s + tm.decode_s_per_sequence)
+        self._decode_seq += 1
+        heapq.heappush(self._decoding, (end, self._decode_seq, req, new_ids))
+
+    def _take_decoded(self) -> list[tuple[ScheduledRequest, SimRequest]]:
+        """Requests whose delayed decode ended: their decode KV, as one scheduled item."""
+        out: list[tuple[ScheduledRequest, SimRequest]] = []
+        while self._decoding and self._decoding[0][0] <= self.clock.now:
+            _, _, req, new_ids = heapq.heappop(self._decoding)
+            n = req.max_output_tokens - req.num_output
+            req.lookahead = n - 1
+            out.append(
+                (ScheduledRequest(req.request_id, req.num_computed, n, new_ids), req)
+            )
+        return out
 
     def _register_blocks(self, req: SimRequest, before: int) -> None:
         for t, pool, ids in zip(

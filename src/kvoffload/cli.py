@@ -1,0 +1,55 @@
+"""The `kvoffload` command: `replay` a trace through the cache, or run the `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvoffload.policies import policy_names
+from kvoffload.replay.cli import add_replay_arguments, replay_main
+
+# The reference table's capacities (512-token chunks) for the bundled trace.
+TRACE_CAPACITIES = [1000, 2000, 5859, 10000, 20000, 50000]
+# kvoffload's best policy for prefix caches; see docs/policies.md.
+BEST_POLICY = "arc"
+
+
+def _demo_argv(args: argparse.Namespace) -> list[str]:
+    best = BEST_POLICY if BEST_POLICY in policy_names() else "arc"
+    argv = ["--policy", "lru", "--policy", "arc", "--policy", best, "--belady"]
+    argv += ["--report-dir", str(args.report_dir)]
+    if args.trace:
+        argv = [args.trace, *argv, "--capacity-chunks", *map(str, TRACE_CAPACITIES)]
+    else:
+        argv += ["--workload", "chat-agents"]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kvoffload", description="Tiered KV-cache offloading: replay and planning."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    replay = sub.add_parser(
+        "replay", help="replay a trace through the cache and report hit ratios"
+    )
+    add_replay_arguments(replay)
+    demo = sub.add_parser(
+        "demo",
+        help="replay a generated chat+agent workload (or --trace) for LRU, ARC and the best policy",
+    )
+    demo.add_argument(
+        "--trace", help="a Mooncake-format trace instead of the generated workload"
+    )
+    demo.add_argument("--report-dir", type=Path, default=Path("reports"))
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        replay_args = replay.parse_args(_demo_argv(args))
+        return replay_main(replay_args)
+    return replay_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""`kvoffload replay` and `kvoffload demo`: what would this cache give me?
+
+Replays a request trace (Mooncake JSONL) or a generated workload through the real
+connector, manager and policies against the engine model, for one or several
+policies and capacities, next to the offline optimum for the same capacity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvoffload.engine_model import TimeModel
+from kvoffload.policies import policy_names
+from kvoffload.replay import report
+from kvoffload.replay.generators import (
+    ChatAgentsSpec,
+    ReasoningSpec,
+    chat_agents,
+    reasoning,
+)
+from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, load_mooncake
+from kvoffload.replay.runner import ReplaySettings
+from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
+from kvoffload.replay.workload import Workload
+
+WORKLOADS = ("chat-agents", "reasoning")
+DEFAULT_TARGET_LOAD = 0.5
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
+    parser.add_argument(
+        "--workload", choices=WORKLOADS, help="replay a generated workload instead"
+    )
+    parser.add_argument("--seed", type=int, help="seed of the generated workload")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        help="eviction policy (repeat; 'all' = every registered one)",
+    )
+    parser.add_argument(
+        "--list-policies", action="store_true", help="print the policy names and exit"
+    )
+    parser.add_argument(
+        "--capacity-chunks", type=int, nargs="+", help="host tier capacities in chunks"
+    )
+    parser.add_argument(
+        "--capacity-tokens", type=int, nargs="+", help="host tier capacities in tokens"
+    )
+    parser.add_argument(
+        "--chunk-tokens", type=int, help="tokens per chunk (512 for Mooncake traces)"
+    )
+    parser.add_argument(
+        "--device-tokens",
+        type=int,
+        default=0,
+        help="device prefix cache size in tokens (0 = none)",
+    )
+    parser.add_argument(
+        "--store-threshold",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="reuse-filter threshold(s)",
+    )
+    parser.add_argument(
+        "--offload-prompt-only", choices=("on", "off", "both"), default="on"
+    )
+    parser.add_argument(
+        "--belady",
+        action="store_true",
+        help="add the offline optimum for each capacity",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per line instead of a table",
+    )
+    parser.add_argument(
+        "--plot", type=Path, help="write a PNG of hit ratio against capacity"
+    )
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        help="write results.jsonl, table.txt and hit_ratio.png here",
+    )
+    parser.add_argument("--limit", type=int, help="replay only the first N requests")
+    parser.add_argument(
+        "--partial-block",
+        choices=("pad", "drop"),
+        default="pad",
+        help="Mooncake: count a partial last block as a chunk (pad) or not (drop)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        default="auto",
+        help="stretch arrival times by this factor; 'auto' keeps the modeled engine "
+        "at --target-load of its prefill capacity",
+    )
+    parser.add_argument("--target-load", type=float, default=DEFAULT_TARGET_LOAD)
+    parser.add_argument(
+        "--prefill-us-per-token", type=float, help="engine prefill time per token (µs)"
+    )
+    parser.add_argument("--decode-ms", type=float, help="engine decode step time (ms)")
+    parser.add_argument(
+        "--link-gbps", type=float, help="device<->host bandwidth (GB/s)"
+    )
+    parser.add_argument(
+        "--kv-bytes-per-token", type=int, help="KV bytes per token (all layers)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, help="parallel replay processes (default: CPU count)"
+    )
+
+
+def _time_model(args: argparse.Namespace) -> TimeModel:
+    tm = TimeModel()
+    if args.prefill_us_per_token is not None:
+        tm = replace(tm, prefill_s_per_token=args.prefill_us_per_token * 1e-6)
+    if args.decode_ms is not None:
+        tm = replace(tm, decode_step_s=args.decode_ms * 1e-3)
+    if args.link_gbps is not None:
+        tm = replace(tm, transfer_bytes_per_s=args.link_gbps * 1e9)
+    if args.kv_bytes_per_token is not None:
+        tm = replace(tm, kv_bytes_per_token=args.kv_bytes_per_token)
+    return tm
+
+
+def _load(args: argparse.Namespace, scale: float) -> Workload:
+    if args.trace:
+        return load_mooncake(args.trace, args.partial_block, args.limit, scale)
+    name = args.workload or "chat-agents"
+    if name == "reasoning":
+        spec = ReasoningSpec() if args.seed is None else ReasoningSpec(seed=args.seed)
+        w = reasoning(
+            replace(
+                spec, arrival_rate=spec.arrival_rate / scale, gap_s=spec.gap_s * scale
+            )
+        )
+    else:
+        spec2 = (
+            ChatAgentsSpec() if args.seed is None else ChatAgentsSpec(seed=args.seed)
+        )
+        w = chat_agents(
+            replace(
+                spec2,
+                arrival_rate=spec2.arrival_rate / scale,
+                chat_gap_s=spec2.chat_gap_s * scale,
+                agent_gap_s=spec2.agent_gap_s * scale,
+            )
+        )
+    if args.limit is not None:
+        w = Workload(w.name, w.requests[: args.limit], w.hash_block_tokens)
+    return w
+
+
+def _auto_scale(workload: Workload, tm: TimeModel, target: float) -> float:
+    """Arrival stretch that puts the modeled engine at `target` of its prefill capacity."""
+    reqs = workload.requests
+    if len(reqs) < 2 or target <= 0:
+        return 1.0
+    span = reqs[-1].arrival - reqs[0].arrival
+    work = sum(tm.prefill_seconds(r.num_prompt_tokens, 0) for r in reqs)
+    return max(1.0, work / span / target) if span > 0 else 1.0
+
+
+def _capacities(args: argparse.Namespace, workload: Workload, chunk: int) -> list[int]:
+    if args.capacity_chunks:
+        return sorted(set(args.capacity_chunks))
+    if args.capacity_tokens:
+        return sorted({max(1, t // chunk) for t in args.capacity_tokens})
+    distinct = len({h for reqs in workload.chunk_sequence(chunk) for h in reqs})
+    return sorted({max(1, int(distinct * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.4)})
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    chosen = args.policy or ["lru"]
+    if "all" in chosen:
+        return policy_names()
+    return list(dict.fromkeys(chosen))
+
+
+def replay_main(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = report.wide_console(console)
+    if args.list_policies:
+        print("\n".join(policy_names()))
+        return 0
+    tm = _time_model(args)
+    if args.time_scale == "auto":
+        scale = _auto_scale(_load(args, 1.0), tm, args.target_load)
+    else:
+        scale = float(args.time_scale)
+    workload = _load(args, scale)
+    chunk = args.chunk_tokens or (
+        MOONCAKE_BLOCK_TOKENS if args.trace else 16 * workload.hash_block_tokens
+    )
+    capacities = _capacities(args, workload, chunk)
+    prompt_only = {"on": [True], "off": [False], "both": [True, False]}[
+        args.offload_prompt_only
+    ]
+    runs = [
+        Run(
+            policy,
+            capacity,
+            ReplaySettings(
+                chunk_tokens=chunk,
+                device_tokens=args.device_tokens,
+                store_threshold=threshold,
+                offload_prompt_only=po,
+                time_model=tm,
+            ),
+        )
+        for capacity in capacities
+        for policy in _policies(args)
+        for threshold in args.store_threshold
+        for po in prompt_only
+    ]
+    runs[0].settings.validate(workload)
+    results = run_sweep(
+        workload, runs, args.jobs, show_progress=not args.json and sys.stderr.isatty()
+    )
+    bel, inf = offline_bounds(workload, chunk, capacities, args.belady)
+    records = [r.as_json() for r in results]
+    records += [
+        report.offline_json("belady", workload.name, c, b)
+        for c, b in sorted(bel.items())
+    ]
+    records.append(report.offline_json("infinite", workload.name, None, inf))
+    title = (
+        f"{workload.name}: {len(workload):,} requests, chunk {chunk} tokens, device cache "
+        f"{args.device_tokens:,} tokens, arrivals x{scale:.2f}"
+    )
+    table = report.results_table(results, bel, inf, title)
+    notes = report.prompt_only_summary(results)
+    if args.json:
+        report.write_json_lines(records, sys.stdout)
+    else:
+        console.print(table)
+        for line in notes:
+            console.print(line)
+    if args.plot:
+        report.plot(results, bel, inf, args.plot, title)
+    if args.report_dir:
+        _write_report(args.report_dir, records, notes, console, table)
+        drawn = report.plot(results, bel, inf, args.report_dir / "hit_ratio.png", title)
+        console.print(
+            f"report written to {args.report_dir}/: results.jsonl, table.txt"
+            + (", hit_ratio.png" if drawn else " (matplotlib missing: no plot)")
+        )
+    return 0
+
+
+def _write_report(
+    directory: Path,
+    records: Sequence[dict[str, object]],
+    notes: Sequence[str],
+    console: Console,
+    table: Table,
+) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "results.jsonl", "w", encoding="utf-8") as f:
+        report.write_json_lines(records, f)
+    with open(directory / "table.txt", "w", encoding="utf-8") as f:
+        Console(file=f, width=160).print(table)
+        for line in notes:
+            f.write(line + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvoffload replay", description=__doc__)
+    add_replay_arguments(parser)
+    args = parser.parse_args(argv)
+    return replay_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Presenting replay results: a terminal table, JSON lines and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from kvoffload.replay.belady import OfflineResult
+from kvoffload.replay.runner import ReplayResult
+
+
+def offline_json(
+    name: str, workload: str, capacity: int | None, result: OfflineResult
+) -> dict[str, object]:
+    """A JSON record for an offline bound (Belady, infinite cache)."""
+    return {
+        "workload": workload,
+        "policy": name,
+        "capacity_chunks": capacity,
+        "prompt_chunks": result.prompt_chunks,
+        "hit_chunks": result.hit_chunks,
+        "hit_ratio": result.hit_ratio,
+    }
+
+
+def write_json_lines(records: Sequence[dict[str, object]], out: TextIO) -> None:
+    for record in records:
+        out.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def results_table(
+    results: Sequence[ReplayResult],
+    belady: dict[int, OfflineResult],
+    infinite: OfflineResult | None,
+    title: str,
+) -> Table:
+    """One row per replay, then the offline bounds; constant settings are omitted."""
+    show_filter = len({r.store_threshold for r in results}) > 1 or any(
+        r.store_threshold >= 2 for r in results
+    )
+    show_prompt_only = len({r.offload_prompt_only for r in results}) > 1
+    show_device = any(r.device_tokens for r in results)
+    columns = ["policy", "capacity"]
+    columns += ["filter"] * show_filter + ["prompt-only"] * show_prompt_only
+    columns += ["hit ratio", "token hit"] + ["device hits"] * show_device
+    columns += ["stored", "loaded", "evicted", "TTFT mean s", "TTFT p90 s"]
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in sorted(
+        results, key=lambda r: (r.capacity_chunks, r.policy, r.store_threshold)
+    ):
+        row = [r.policy, f"{r.capacity_chunks:,}"]
+        if show_filter:
+            row.append(str(r.store_threshold) if r.store_threshold >= 2 else "-")
+        if show_prompt_only:
+            row.append("on" if r.offload_prompt_only else "off")
+        row += [f"{r.hit_ratio:.3f}", f"{r.token_hit_ratio:.3f}"]
+        if show_device:
+            row.append(f"{r.device_hit_chunks:,}")
+        row += [
+            f"{r.chunks_stored:,}",
+            f"{r.chunks_loaded:,}",
+            f"{r.chunks_evicted:,}",
+            f"{r.est_ttft_s:.3f}",
+            f"{r.p90_ttft_s:.3f}",
+        ]
+        table.add_row(*row)
+    pad = len(columns) - 2 - show_filter - show_prompt_only - 1
+    lead = ["-"] * (show_filter + show_prompt_only)
+    for capacity, result in sorted(belady.items()):
+        table.add_row(
+            "belady", f"{capacity:,}", *lead, f"{result.hit_ratio:.3f}", *[""] * pad
+        )
+    if infinite is not None:
+        table.add_row(
+            "infinite", "inf", *lead, f"{infinite.hit_ratio:.3f}", *[""] * pad
+        )
+    return table
+
+
+def prompt_only_summary(results: Sequence[ReplayResult]) -> list[str]:
+    """Lines comparing offload_prompt_only on and off at each (policy, capacity)."""
+    lines: list[str] = []
+    pairs: dict[tuple[str, int, int], dict[bool, ReplayResult]] = {}
+    for r in results:
+        pairs.setdefault((r.policy, r.capacity_chunks, r.store_threshold), {})[
+            r.offload_prompt_only
+        ] = r
+    for (policy, capacity, _), pair in sorted(pairs.items()):
+        if True in pair and False in pair:
+            on, off = pair[True], pair[False]
+            saved = (
+                1 - on.chunks_stored / off.chunks_stored if off.chunks_stored else 0.0
+            )
+            lines.append(
+                f"offload_prompt_only {policy} @ {capacity:,} chunks: chunks written "
+                f"{on.chunks_stored:,} (on) vs {off.chunks_stored:,} (off), "
+                f"{saved:.0%} fewer writes; hit ratio {on.hit_ratio:.3f} vs {off.hit_ratio:.3f}"
+            )
+    return lines
+
+
+def plot(
+    results: Sequence[ReplayResult],
+    belady: dict[int, OfflineResult],
+    infinite: OfflineResult | None,
+    path: Path,
+    title: str,
+) -> bool:
+    """Hit ratio against capacity per policy, with Belady and infinite-cache lines.
+
+    Returns False (and draws nothing) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in results:
+        label = r.policy + (
+            f" + filter {r.store_threshold}" if r.store_threshold >= 2 else ""
+        )
+        if not r.offload_prompt_only:
+            label += " (prompt-only off)"
+        series.setdefault(label, []).append((r.capacity_chunks, r.hit_ratio))
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", label=label)
+    if belady:
+        xs, ys = zip(*sorted((c, b.hit_ratio) for c, b in belady.items()), strict=True)
+        ax.plot(xs, ys, linestyle="--", color="black", label="Belady (offline optimum)")
+    if infinite is not None:
+        ax.axhline(
+            infinite.hit_ratio, linestyle=":", color="grey", label="infinite cache"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("host tier capacity (chunks)")
+    ax.set_ylabel("hit ratio (hit chunks / prompt chunks)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def wide_console(console: Console | None = None) -> Console:
+    """The given console, or a 140-column one when output is not a terminal."""
+    console = console or Console()
+    return console if console.is_terminal else Console(width=140)
