@@ -1,0 +1,154 @@
+"""Replays through the real connector and manager: traces, workloads, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvoffload.cli import main as kvoffload_main
+from kvoffload.policies import policy_names
+from kvoffload.replay import (
+    ReasoningSpec,
+    ReplaySettings,
+    load_mooncake,
+    reasoning,
+    run_replay,
+)
+
+
+def _write_trace(path: Path) -> Path:
+    lines = [
+        {
+            "timestamp": 0,
+            "input_length": 1500,
+            "output_length": 10,
+            "hash_ids": [0, 1, 2],
+        },
+        {
+            "timestamp": 1000,
+            "input_length": 2100,
+            "output_length": 10,
+            "hash_ids": [0, 1, 2, 3, 4],
+        },
+        {
+            "timestamp": 2000,
+            "input_length": 700,
+            "output_length": 10,
+            "hash_ids": [0, 9],
+        },
+        {
+            "timestamp": 3000,
+            "input_length": 2600,
+            "output_length": 10,
+            "hash_ids": [0, 1, 2, 3, 4, 5],
+        },
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_mooncake_ids_are_chunks_and_partial_blocks_are_padded(tmp_path: Path) -> None:
+    workload = load_mooncake(_write_trace(tmp_path / "t.jsonl"))
+    assert [r.num_prompt_tokens for r in workload.requests] == [1537, 2561, 1025, 3073]
+    result = run_replay(workload, "lru", 100, ReplaySettings(chunk_tokens=512))
+    # Hits: 0, then [0,1,2], then [0], then [0..4].
+    assert (result.prompt_chunks, result.hit_chunks) == (16, 9)
+    dropped = load_mooncake(tmp_path / "t.jsonl", partial="drop")
+    assert [r.num_prompt_tokens for r in dropped.requests] == [1500, 2100, 700, 2600]
+
+
+def test_bad_trace_lines_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        load_mooncake(path)
+
+
+def test_prompt_only_writes_fewer_chunks_on_reasoning_chats() -> None:
+    """Scenario: reasoning chats drop their thinking between turns; offloading decode
+    chunks writes far more for no extra hits."""
+    workload = reasoning(ReasoningSpec(conversations=25))
+    common = {"chunk_tokens": 256}
+    on = run_replay(
+        workload, "lru", 400, ReplaySettings(**common, offload_prompt_only=True)
+    )
+    off = run_replay(
+        workload, "lru", 400, ReplaySettings(**common, offload_prompt_only=False)
+    )
+    assert on.chunks_stored < 0.5 * off.chunks_stored
+    assert on.hit_ratio >= off.hit_ratio - 0.01
+
+
+def test_cli_lists_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kvoffload_main(["replay", "--list-policies"]) == 0
+    assert capsys.readouterr().out.split() == policy_names()
+
+
+def test_cli_json_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _write_trace(tmp_path / "t.jsonl")
+    code = kvoffload_main(
+        [
+            "replay",
+            str(trace),
+            "--policy",
+            "all",
+            "--capacity-chunks",
+            "2",
+            "50",
+            "--belady",
+            "--json",
+            "--jobs",
+            "1",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    online = [r for r in records if r["policy"] in policy_names()]
+    assert len(online) == 2 * len(policy_names())
+    required = {
+        "policy",
+        "capacity_chunks",
+        "requests",
+        "prompt_chunks",
+        "hit_chunks",
+        "hit_ratio",
+        "token_hit_ratio",
+        "chunks_stored",
+        "chunks_loaded",
+        "chunks_evicted",
+        "est_ttft_s",
+    }
+    assert all(required <= set(r) for r in online)
+    assert {r["capacity_chunks"] for r in records if r["policy"] == "belady"} == {2, 50}
+    assert all(r["hit_chunks"] == 9 for r in online if r["capacity_chunks"] == 50)
+
+
+def test_cli_report_dir_writes_table_json_and_plot(tmp_path: Path) -> None:
+    trace = _write_trace(tmp_path / "t.jsonl")
+    out = tmp_path / "report"
+    assert (
+        kvoffload_main(
+            [
+                "replay",
+                str(trace),
+                "--capacity-chunks",
+                "4",
+                "--report-dir",
+                str(out),
+                "--jobs",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert (out / "results.jsonl").read_text().count("\n") == 2
+    assert "lru" in (out / "table.txt").read_text()
+    assert (out / "hit_ratio.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_a_chunk_size_that_is_not_a_block_multiple(tmp_path: Path) -> None:
+    trace = _write_trace(tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="chunk-tokens"):
+        kvoffload_main(["replay", str(trace), "--chunk-tokens", "100", "--jobs", "1"])
