@@ -1,0 +1,249 @@
+"""The host pool: one contiguous buffer of chunk slots, shareable between processes.
+
+The pool needs no torch: it is an `mmap` exposed as a `numpy` array and as
+per-slot `memoryview`s, so secondary tiers read and write chunks in place. Given a
+name it lives in a shared-memory file (`/dev/shm/NAME`) that another process (the
+scheduler, beside the worker that created it) attaches to by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import weakref
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from kvoffload.worker.geometry import GroupGeometry, PoolGeometry
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHM_DIR = "/dev/shm"
+_HEADER_NBYTES = 4096  # one page, so that the slots start page-aligned
+_MAGIC = b"KVOPOOL\x00"
+_VERSION = 1
+_HEAD = struct.Struct("<8sIIQQ")  # magic, version, groups, slots, slot bytes
+_GROUP = struct.Struct("<QQQQ")  # group, layers, layer block bytes, blocks per chunk
+_MAX_GROUPS = (_HEADER_NBYTES - _HEAD.size) // _GROUP.size
+
+
+class HostPool:
+    """`num_slots` slots of `slot_nbytes` bytes in one buffer; a `ChunkBuffer`.
+
+    Slot `s` is bytes `[s * slot_nbytes, (s + 1) * slot_nbytes)` of `array`; a
+    chunk of group `g` fills its first `chunk_nbytes(g)` bytes. The pool does no
+    bookkeeping of which slot holds what: that is the primary tier manager's.
+    `close` releases the mapping; the process that created a named pool also
+    removes its file then (or at exit, if it never calls `close`).
+    """
+
+    def __init__(
+        self,
+        geometry: PoolGeometry,
+        num_slots: int,
+        mapping: mmap.mmap,
+        path: Path | None,
+        owner: bool,
+    ) -> None:
+        self._geometry = geometry
+        self._num_slots = num_slots
+        self._slot_nbytes = geometry.slot_nbytes
+        self._mmap = mapping
+        self._path = path
+        offset = _HEADER_NBYTES if path is not None else 0
+        nbytes = num_slots * self._slot_nbytes
+        self._view: memoryview | None = memoryview(mapping)[offset : offset + nbytes]
+        self._array: npt.NDArray[np.uint8] | None = np.frombuffer(
+            self._view, dtype=np.uint8
+        )
+        self._unlink = (
+            weakref.finalize(self, _unlink_quietly, path)
+            if owner and path is not None
+            else None
+        )
+
+    @classmethod
+    def create(
+        cls,
+        geometry: PoolGeometry,
+        num_slots: int,
+        *,
+        name: str | None = None,
+        shm_dir: str = DEFAULT_SHM_DIR,
+        exist_ok: bool = False,
+    ) -> HostPool:
+        """A new pool, anonymous or (with `name`) in the file `shm_dir/name`.
+
+        The file's space is reserved up front, so a full `/dev/shm` is an
+        `OSError` here rather than a crash at the first write. With `exist_ok`,
+        a file left by an earlier run is replaced.
+        """
+        if type(num_slots) is not int or num_slots < 1:
+            raise ValueError(f"num_slots: {num_slots!r} is not an integer >= 1")
+        nbytes = num_slots * geometry.slot_nbytes
+        if name is None:
+            return cls(geometry, num_slots, mmap.mmap(-1, nbytes), None, owner=True)
+        if len(geometry.groups) > _MAX_GROUPS:
+            raise ValueError(f"a named pool holds at most {_MAX_GROUPS} groups")
+        path = _shm_path(name, shm_dir)
+        if path.exists() and not exist_ok:
+            raise FileExistsError(f"host pool {str(path)!r} exists; pass exist_ok=True")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, _HEADER_NBYTES + nbytes)
+            os.pwrite(fd, _encode_header(geometry, num_slots), 0)
+            mapping = mmap.mmap(fd, _HEADER_NBYTES + nbytes)
+            os.rename(tmp, path)  # attachers see a complete file or none
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return cls(geometry, num_slots, mapping, path, owner=True)
+
+    @classmethod
+    def attach(
+        cls,
+        name: str,
+        geometry: PoolGeometry | None = None,
+        num_slots: int | None = None,
+        *,
+        shm_dir: str = DEFAULT_SHM_DIR,
+    ) -> HostPool:
+        """The named pool another process created; `ValueError` if it differs
+        from the expected `geometry` or `num_slots`, or its file is truncated."""
+        path = _shm_path(name, shm_dir)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            found, found_slots = _decode_header(os.pread(fd, _HEADER_NBYTES, 0), path)
+            expected_size = _HEADER_NBYTES + found_slots * found.slot_nbytes
+            if size != expected_size:
+                raise ValueError(
+                    f"host pool {str(path)!r}: file has {size} bytes, its header "
+                    f"says {expected_size}"
+                )
+            if geometry is not None and geometry != found:
+                raise ValueError(
+                    f"host pool {str(path)!r}: geometry {found} differs from the "
+                    f"expected {geometry}"
+                )
+            if num_slots is not None and num_slots != found_slots:
+                raise ValueError(
+                    f"host pool {str(path)!r}: {found_slots} slots, expected {num_slots}"
+                )
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(found, found_slots, mapping, path, owner=False)
+
+    @property
+    def geometry(self) -> PoolGeometry:
+        return self._geometry
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self._slot_nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._num_slots * self._slot_nbytes
+
+    @property
+    def path(self) -> Path | None:
+        """The shared-memory file, or `None` for an anonymous pool."""
+        return self._path
+
+    @property
+    def array(self) -> npt.NDArray[np.uint8]:
+        """All slots as one writable `uint8` array (no copy)."""
+        if self._array is None:
+            raise ValueError("host pool is closed")
+        return self._array
+
+    def chunk_nbytes(self, group: int) -> int:
+        return self._geometry.chunk_nbytes(group)
+
+    def slot_view(self, slot: int) -> memoryview:
+        """A writable view of the slot's `slot_nbytes` bytes."""
+        if self._view is None:
+            raise ValueError("host pool is closed")
+        if not 0 <= slot < self._num_slots:
+            raise IndexError(
+                f"slot {slot} is outside the pool (0..{self._num_slots - 1})"
+            )
+        start = slot * self._slot_nbytes
+        return self._view[start : start + self._slot_nbytes]
+
+    def close(self) -> None:
+        """Release the mapping (once no view of it is alive) and, if this
+        process created a named pool, remove its file."""
+        if self._unlink is not None:
+            self._unlink()
+        view, self._view, self._array = self._view, None, None
+        try:
+            if view is not None:
+                view.release()
+            self._mmap.close()
+        except BufferError:
+            # Views handed out (slot_view, torch tensors) are still alive; the
+            # mapping goes when the last of them does.
+            logger.debug("host pool %s: views still alive at close", self._path)
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shm_path(name: str, shm_dir: str) -> Path:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"host pool name {name!r}: expected a plain file name")
+    return Path(shm_dir) / name
+
+
+def _unlink_quietly(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def _encode_header(geometry: PoolGeometry, num_slots: int) -> bytes:
+    head = _HEAD.pack(
+        _MAGIC, _VERSION, len(geometry.groups), num_slots, geometry.slot_nbytes
+    )
+    groups = b"".join(
+        _GROUP.pack(g.group, g.num_layers, g.layer_block_nbytes, g.blocks_per_chunk)
+        for g in geometry.groups
+    )
+    return head + groups
+
+
+def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int]:
+    if len(data) < _HEAD.size:
+        raise ValueError(f"host pool {str(path)!r}: file is shorter than its header")
+    magic, version, num_groups, num_slots, slot_nbytes = _HEAD.unpack_from(data)
+    if magic != _MAGIC or version != _VERSION:
+        raise ValueError(
+            f"host pool {str(path)!r}: not a kvoffload host pool of version {_VERSION}"
+        )
+    if not 1 <= num_groups <= _MAX_GROUPS:
+        raise ValueError(
+            f"host pool {str(path)!r}: corrupt header ({num_groups} groups)"
+        )
+    groups = [
+        GroupGeometry(*_GROUP.unpack_from(data, _HEAD.size + i * _GROUP.size))
+        for i in range(num_groups)
+    ]
+    geometry = PoolGeometry(tuple(groups))
+    if geometry.slot_nbytes != slot_nbytes:
+        raise ValueError(f"host pool {str(path)!r}: corrupt header (slot size)")
+    return geometry, num_slots

@@ -1,0 +1,150 @@
+"""The host pool: slots as memory, and one pool seen by two processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvoffload.worker.base import ChunkBuffer
+from kvoffload.worker.cpu_worker import CpuTransferWorker
+from kvoffload.worker.factory import create_data_plane
+from kvoffload.worker.geometry import GroupGeometry, PoolGeometry
+from kvoffload.worker.host_pool import HostPool
+from kvoffload.worker.layout import GroupSpec, describe_kv_caches
+
+from .kv_layouts import GROUPS, LAYOUTS, block_bytes, make_caches
+from .support import STORE, data_plane, run_job
+
+GEOMETRY = PoolGeometry.of([GroupGeometry(0, 2, 1024, 2), GroupGeometry(1, 1, 512, 4)])
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    name = f"kvoffload-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield name
+    (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+def _child(code: str) -> str:
+    """Run `code` in a fresh interpreter; its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_slots_are_disjoint_writable_memory() -> None:
+    with HostPool.create(GEOMETRY, 3) as pool:
+        buffer: ChunkBuffer = pool
+        assert buffer.slot_nbytes == 4096 and buffer.num_slots == 3
+        assert buffer.chunk_nbytes(1) == 2048
+        buffer.slot_view(1)[:] = b"\x07" * 4096
+        assert bytes(buffer.slot_view(0)) == bytes(4096)
+        assert bytes(buffer.slot_view(2)) == bytes(4096)
+        assert bytes(pool.array[4096:8192]) == b"\x07" * 4096
+        with pytest.raises(IndexError):
+            buffer.slot_view(3)
+
+
+def test_second_process_attaches_by_name_without_torch(name: str) -> None:
+    """Scenario: the worker creates a named pool; the scheduler process attaches
+    to it, reads what the worker wrote and writes a slot the worker then sees."""
+    with HostPool.create(GEOMETRY, 3, name=name) as pool:
+        pool.slot_view(2)[:5] = b"hello"
+        out = _child(
+            "import sys\n"
+            "from kvoffload.worker import HostPool, GroupGeometry, PoolGeometry\n"
+            "g = PoolGeometry.of([GroupGeometry(0, 2, 1024, 2), GroupGeometry(1, 1, 512, 4)])\n"
+            f"p = HostPool.attach({name!r}, g, 3)\n"
+            "print(bytes(p.slot_view(2)[:5]).decode(), 'torch' in sys.modules)\n"
+            "p.slot_view(0)[:5] = b'world'\n"
+            "p.close()\n"
+        )
+        assert out == "hello False"
+        assert bytes(pool.slot_view(0)[:5]) == b"world"
+        path = pool.path
+        assert path is not None and path.exists()
+    assert not path.exists()
+
+
+def test_attacher_sees_chunks_the_worker_stored(name: str) -> None:
+    """A store by the worker is readable, byte for byte, in another process."""
+    torch.manual_seed(0)
+    layout = LAYOUTS[0]
+    caches = make_caches(layout, torch.bfloat16, torch.device("cpu"), GROUPS[:1])
+    spec = GroupSpec(0, GROUPS[0].layers, GROUPS[0].num_blocks, 1)
+    _, pool, worker = create_data_plane(caches, [spec], 1 << 20, pool_name=name)
+    try:
+        assert run_job(worker, 1, STORE, (0, [5], [3])).success
+        nbytes = pool.chunk_nbytes(0)
+        out = _child(
+            "from kvoffload.worker import HostPool\n"
+            f"p = HostPool.attach({name!r})\n"
+            f"print(bytes(p.slot_view(3)[:{nbytes}]).hex())\n"
+        )
+    finally:
+        worker.shutdown()
+        pool.close()
+    expected = block_bytes(layout, caches, GROUPS[0], 5).numpy().tobytes()
+    assert bytes.fromhex(out) == expected
+
+
+def test_attach_rejects_a_different_geometry_or_slot_count(name: str) -> None:
+    other = PoolGeometry.of([GroupGeometry(0, 2, 1024, 4)])
+    with HostPool.create(GEOMETRY, 3, name=name):
+        with pytest.raises(ValueError, match="geometry"):
+            HostPool.attach(name, other)
+        with pytest.raises(ValueError, match="slots"):
+            HostPool.attach(name, GEOMETRY, 4)
+        with HostPool.attach(name, GEOMETRY, 3) as attached:
+            assert attached.geometry == GEOMETRY
+            assert attached.path is not None
+        assert attached.path.exists()  # only the creator removes the file
+
+
+def test_attach_rejects_a_truncated_or_foreign_file(name: str) -> None:
+    with HostPool.create(GEOMETRY, 3, name=name) as pool:
+        assert pool.path is not None
+        os.truncate(pool.path, 4096 + 100)
+        with pytest.raises(ValueError, match="bytes"):
+            HostPool.attach(name)
+    foreign = Path("/dev/shm") / name
+    foreign.write_bytes(b"not a pool" * 1000)
+    with pytest.raises(ValueError, match="not a kvoffload host pool"):
+        HostPool.attach(name)
+
+
+def test_create_refuses_an_existing_name_unless_told(name: str) -> None:
+    with HostPool.create(GEOMETRY, 1, name=name):
+        with pytest.raises(FileExistsError):
+            HostPool.create(GEOMETRY, 1, name=name)
+        with HostPool.create(GEOMETRY, 2, name=name, exist_ok=True) as replaced:
+            assert HostPool.attach(name).num_slots == replaced.num_slots == 2
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", ".hidden"])
+def test_pool_names_are_plain_file_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="plain file name"):
+        HostPool.create(GEOMETRY, 1, name=bad)
+
+
+def test_worker_refuses_a_pool_sized_for_another_layout() -> None:
+    caches = make_caches(LAYOUTS[0], torch.float16, torch.device("cpu"), GROUPS[:1])
+    spec = GroupSpec(0, GROUPS[0].layers, GROUPS[0].num_blocks, 1)
+    layout = describe_kv_caches(caches, [spec])
+    with (
+        HostPool.create(GEOMETRY, 2) as pool,
+        pytest.raises(ValueError, match="geometry"),
+    ):
+        CpuTransferWorker(caches, layout, pool)
+    with data_plane(caches, [spec], 2) as (pool, worker):
+        assert pool.geometry == layout.geometry
+        assert run_job(worker, 1, STORE, (0, [0], [1])).success
