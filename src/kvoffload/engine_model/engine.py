@@ -12,14 +12,13 @@ the connector one step late, as with vLLM's overlapped scheduler.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kvoffload.connector import OffloadConnector, ScheduledRequest
-from kvoffload.engine_model.block_pool import BlockPool
+from kvoffload.engine_model.device_cache import DeviceCache
 from kvoffload.engine_model.request import RequestStatus, SimRequest
 from kvoffload.engine_model.timing import TimeModel
 from kvoffload.engine_model.worker import SimulatedWorker
@@ -80,11 +79,10 @@ class EngineModel:
         self.config = config
         self.connector = connector
         self.clock = clock or SimClock()
-        self.pools = [BlockPool(config.device_blocks) for _ in config.tokens_per_block]
+        self.device = DeviceCache(config.tokens_per_block, config.device_blocks)
         self.worker = SimulatedWorker(
             config.time_model, list(config.tokens_per_block), self.clock, fail_job
         )
-        self._align = math.lcm(*config.tokens_per_block)
         self._arrivals: deque[SimRequest] = deque()
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -228,7 +226,7 @@ class EngineModel:
         req.status = RequestStatus.WAITING
         if ok:
             req.num_computed += req.loaded_tokens
-            self._register_blocks(req, req.num_computed - req.loaded_tokens)
+            self.device.register(req, req.num_computed - req.loaded_tokens)
         else:
             req.loaded_tokens = 0
 
@@ -277,37 +275,21 @@ class EngineModel:
             self.running.append(req)
             req.status = RequestStatus.RUNNING
             return ScheduledRequest(req.request_id, req.num_computed, n, new_ids), n
-        hit_blocks, hit = self._device_hit(req)
+        hit_blocks, hit = self.device.prefix_hit(req)
         external = 0
         if self.connector is not None:
             found = self.connector.get_num_new_matched_tokens(req, hit)
             if found is None:
                 return None  # deferred: ask again next step
             external = found
-        n = 0 if external else min(req.num_tokens - hit - external, budget)
-        needed = [
-            math.ceil((hit + external + n) / t) - len(blocks)
-            for t, blocks in zip(self.config.tokens_per_block, hit_blocks, strict=True)
-        ]
-        if any(
-            need > pool.num_free_after_acquire(blocks)
-            for need, pool, blocks in zip(needed, self.pools, hit_blocks, strict=True)
-        ):
+        n = 0 if external else min(req.num_tokens - hit, budget)
+        if not self.device.admit(req, hit_blocks, hit + external + n):
             return None
-        for pool, blocks in zip(self.pools, hit_blocks, strict=True):
-            pool.acquire(blocks)
-        req.block_ids = []
-        for pool, blocks, need in zip(self.pools, hit_blocks, needed, strict=True):
-            fresh = pool.allocate(need)
-            assert fresh is not None
-            req.block_ids.append(blocks + fresh)
         req.num_computed = hit
         if not req.scheduled_once:
             req.scheduled_once = True
             req.device_hit_tokens = hit
-            req.loaded_tokens = external
-        elif external:
-            req.loaded_tokens = external
+        req.loaded_tokens = external
         if self.connector is not None:
             self.connector.update_state_after_alloc(
                 req.request_id, req.block_ids, hit, external
@@ -321,42 +303,16 @@ class EngineModel:
         ids = tuple(tuple(b) for b in req.block_ids)
         return ScheduledRequest(req.request_id, hit, n, ids, replace_block_ids=True), n
 
-    def _device_hit(self, req: SimRequest) -> tuple[list[list[int]], int]:
-        hashes = req.hashes
-        limit = req.num_tokens // req.hash_block_tokens
-        per_group: list[list[int]] = []
-        tokens: list[int] = []
-        for t, pool in zip(self.config.tokens_per_block, self.pools, strict=True):
-            step = t // req.hash_block_tokens
-            group_hashes = [hashes[(j + 1) * step - 1] for j in range(limit // step)]
-            blocks = pool.cached_prefix(group_hashes)
-            per_group.append(blocks)
-            tokens.append(len(blocks) * t)
-        hit = min(tokens)
-        hit = min(hit, req.num_tokens - 1) // self._align * self._align
-        return [
-            b[: hit // t]
-            for b, t in zip(per_group, self.config.tokens_per_block, strict=True)
-        ], hit
-
     def _grow(self, req: SimRequest, tokens: int) -> tuple[tuple[int, ...], ...] | None:
         """Allocate blocks so `req` holds `tokens`; preempt others when out of memory."""
-        needed = [
-            max(0, math.ceil(tokens / t) - len(ids))
-            for t, ids in zip(self.config.tokens_per_block, req.block_ids, strict=True)
-        ]
-        while any(n > p.num_free() for n, p in zip(needed, self.pools, strict=True)):
+        while True:
+            new = self.device.grow(req, tokens)
+            if new is not None:
+                return new
             victim = self.running[-1]
             self._preempt(victim)
             if victim is req:
                 return None
-        new: list[tuple[int, ...]] = []
-        for pool, ids, n in zip(self.pools, req.block_ids, needed, strict=True):
-            fresh = pool.allocate(n)
-            assert fresh is not None
-            ids.extend(fresh)
-            new.append(tuple(fresh))
-        return tuple(new)
 
     def _preempt(self, req: SimRequest) -> None:
         self.running.remove(req)
@@ -390,16 +346,12 @@ class EngineModel:
             factor = min(factor, int((min(horizon) - self.clock.now) / one))
         if factor <= 1:
             return 1
-        for i, (t, pool) in enumerate(
-            zip(self.config.tokens_per_block, self.pools, strict=True)
-        ):
-            extra = sum(
-                max(0, math.ceil((r.num_computed + factor) / t) - len(r.block_ids[i]))
-                for r, _ in work
-            )
-            if extra > pool.num_free():
-                return 1
-        return factor
+        needs = [
+            self.device.blocks_needed(r.block_ids, r.num_computed + factor)
+            for r, _ in work
+        ]
+        total = [sum(group) for group in zip(*needs, strict=True)]
+        return factor if self.device.fits(total) else 1
 
     def _extend_decode(
         self,
@@ -434,7 +386,7 @@ class EngineModel:
         req.lookahead = 0
         before = req.num_computed
         req.num_computed += n
-        self._register_blocks(req, before)
+        self.device.register(req, before)
         if req.num_computed < req.num_tokens:
             return
         req.num_output += sampled
@@ -451,11 +403,7 @@ class EngineModel:
         """Decode the rest off the step loop, holding blocks for all of it."""
         remaining = req.max_output_tokens - req.num_output
         tokens = req.num_computed + remaining
-        needed = [
-            max(0, math.ceil(tokens / t) - len(ids))
-            for t, ids in zip(self.config.tokens_per_block, req.block_ids, strict=True)
-        ]
-        if any(n > p.num_free() for n, p in zip(needed, self.pools, strict=True)):
+        if not self.device.fits(self.device.blocks_needed(req.block_ids, tokens)):
             return  # not enough memory: keep decoding step by step
         self.running.remove(req)
         new_ids = self._grow(req, tokens)
@@ -477,17 +425,6 @@ class EngineModel:
             )
         return out
 
-    def _register_blocks(self, req: SimRequest, before: int) -> None:
-        for t, pool, ids in zip(
-            self.config.tokens_per_block, self.pools, req.block_ids, strict=False
-        ):
-            step = t // req.hash_block_tokens
-            for j in range(
-                before // t,
-                min(req.num_computed // t, len(ids), len(req.hashes) // step),
-            ):
-                pool.register(ids[j], req.hashes[(j + 1) * step - 1])
-
     def _finish(self, req: SimRequest) -> None:
         req.finish_time = self.clock.now
         self.finished.append(req)
@@ -502,6 +439,4 @@ class EngineModel:
             req.status = RequestStatus.DONE
 
     def _release(self, req: SimRequest) -> None:
-        for pool, ids in zip(self.pools, req.block_ids, strict=False):
-            pool.release(ids)
-        req.block_ids = []
+        self.device.release(req)
