@@ -3,10 +3,10 @@
 Loads and stores run on two streams of their own, so neither queues behind the
 other or behind the engine's compute. Each job first waits for an event recorded
 on the engine's current stream at submit time: the engine's writes to the blocks
-a job reads or overwrites are ordered before its copies. Per region, one gather
-(or scatter) kernel moves the job's engine blocks through a device staging
-tensor, and one asynchronous copy per run moves them to or from page-locked host
-memory. A job's end event tells when its bytes have landed.
+a job reads or overwrites are ordered before its copies. The bytes move through
+a device staging tensor in host order (`staging`), so a whole chunk of every
+layer is one asynchronous copy to or from page-locked host memory. A job's end
+event tells when its bytes have landed.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kvoffload.worker.layout import KVCaches, KVLayout, engine_block_view, layer
 from kvoffload.worker.pinning import host_register, host_unregister
 from kvoffload.worker.plan import GroupPlan, plan_job
 from kvoffload.worker.queued import PendingJob, QueuedTransferWorker
+from kvoffload.worker.staging import batches, load_staged, store_staged, upload
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,19 @@ class CudaTransferWorker(QueuedTransferWorker):
 
     The worker thread only issues copies; they run on the device. `pin` page-locks
     the host pool (`cudaHostRegister`) so that copies are truly asynchronous; if
-    that fails the copies still work, slower, and a warning says so.
+    that fails the copies still work, slower, and a warning says so. A job is
+    staged on the device `staging_nbytes` at a time (twice that at most is
+    allocated from the engine's device memory while it runs).
     """
 
     def __init__(
-        self, kv_caches: KVCaches, layout: KVLayout, pool: HostPool, *, pin: bool = True
+        self,
+        kv_caches: KVCaches,
+        layout: KVLayout,
+        pool: HostPool,
+        *,
+        pin: bool = True,
+        staging_nbytes: int = 64 << 20,
     ) -> None:
         device = torch.device(layout.device)
         if device.type != "cuda":
@@ -77,6 +86,7 @@ class CudaTransferWorker(QueuedTransferWorker):
         self._device = device
         self._layout = layout
         self._pool = pool
+        self._staging_nbytes = staging_nbytes
         self._engine: dict[int, list[torch.Tensor]] = {
             group.group: [
                 engine_block_view(
@@ -119,34 +129,21 @@ class CudaTransferWorker(QueuedTransferWorker):
         return _CudaJob(job.job_id, sum(p.num_bytes for p in plans), start, end)
 
     def _copy(self, plan: GroupPlan, store: bool) -> None:
-        blocks = [b for run in plan.runs for b in run.engine_blocks]
-        # From page-locked memory the index upload does not stall this thread.
-        index = torch.tensor(blocks, dtype=torch.long).pin_memory()
-        index = index.to(self._device, non_blocking=True)
+        engine = self._engine[plan.layout.group]
         slot_nbytes = self._pool.slot_nbytes
-        for region, device in enumerate(self._engine[plan.layout.group]):
-            block_nbytes = device.shape[1]
+        for piece in batches(plan, self._staging_nbytes):
+            blocks = [b for run in piece.runs for b in run.engine_blocks]
+            index = upload(blocks, self._device)
             if store:
-                staging = device.index_select(0, index)
+                store_staged(piece, engine, index, self._host, slot_nbytes, _async_copy)
             else:
-                staging = torch.empty(
-                    (len(blocks), block_nbytes), dtype=torch.uint8, device=self._device
-                )
-            row = 0
-            for run in plan.runs:
-                count = len(run.engine_blocks)
-                offset = plan.host_offset(region, run, slot_nbytes)
-                host = self._host[offset : offset + count * block_nbytes]
-                host = host.view(count, block_nbytes)
-                if store:
-                    host.copy_(staging[row : row + count], non_blocking=True)
-                else:
-                    staging[row : row + count].copy_(host, non_blocking=True)
-                row += count
-            if not store:
-                device.index_copy_(0, index, staging)
+                load_staged(piece, engine, index, self._host, slot_nbytes, _async_copy)
 
     def _release(self) -> None:
         if self._pinned:
             host_unregister(self._host.data_ptr())
             self._pinned = False
+
+
+def _async_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src, non_blocking=True)

@@ -1,0 +1,127 @@
+"""The GPU path's staged copies, run on CPU tensors against the CPU worker.
+
+Both paths must leave the same bytes in the host pool, so the CPU worker is the
+oracle for the staging order (whole chunks in host order, partial chunks per
+region, adjacent slots merged, jobs cut into bounded pieces).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvoffload.worker.base import GroupTransfer, TransferJob
+from kvoffload.worker.host_pool import HostPool
+from kvoffload.worker.layout import (
+    GroupSpec,
+    KVCaches,
+    KVLayout,
+    describe_kv_caches,
+    engine_block_view,
+    layer_tensors,
+)
+from kvoffload.worker.plan import plan_job
+from kvoffload.worker.staging import batches, load_staged, store_staged, upload
+
+from .kv_layouts import (
+    GROUPS,
+    LAYOUTS,
+    GroupShape,
+    Layout,
+    block_bytes,
+    make_caches,
+    random_tensor,
+    scramble,
+)
+from .support import LOAD, STORE, data_plane, run_job
+
+CPU = torch.device("cpu")
+NUM_SLOTS = 8
+BIG = GroupShape(0, GROUPS[0].layers, tokens=4, num_blocks=24)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+def _staged(
+    caches: KVCaches,
+    layout: KVLayout,
+    pool: HostPool,
+    job: TransferJob,
+    piece_nbytes: int,
+) -> None:
+    host = torch.from_numpy(pool.array)
+    for plan in plan_job(job, layout, pool.num_slots):
+        group = plan.layout
+        views = [
+            engine_block_view(
+                layer_tensors(caches, r.layer)[r.part], r, group.num_blocks
+            )
+            for r in group.regions
+        ]
+        for piece in batches(plan, piece_nbytes):
+            index = upload([b for run in piece.runs for b in run.engine_blocks], CPU)
+            move = store_staged if job.direction is STORE else load_staged
+            move(piece, views, index, host, pool.slot_nbytes, _copy)
+
+
+# Whole chunks in adjacent slots (merged), apart, and partial chunks at both ends.
+HOST_BLOCKS = {
+    1: [3, 4, 5, 0],
+    2: [6, 7, 8, 9, 1, 2, 3, 12],
+    4: [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23, 28],
+}
+
+
+@pytest.mark.parametrize("piece_nbytes", [1 << 30, 1], ids=["one-piece", "run-by-run"])
+@pytest.mark.parametrize("blocks_per_chunk", [1, 2, 4])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_staged_copies_match_the_cpu_worker(
+    layout: Layout, blocks_per_chunk: int, piece_nbytes: int
+) -> None:
+    torch.manual_seed(blocks_per_chunk)
+    group = BIG
+    caches = make_caches(layout, torch.bfloat16, CPU, (group,))
+    specs = [GroupSpec(0, group.layers, group.num_blocks, blocks_per_chunk)]
+    hosts = HOST_BLOCKS[blocks_per_chunk]
+    sources = torch.randperm(group.num_blocks)[: len(hosts)].tolist()
+    kv_layout = describe_kv_caches(caches, specs)
+    store = TransferJob(1, STORE, (GroupTransfer(0, tuple(sources), tuple(hosts)),))
+    with data_plane(caches, specs, NUM_SLOTS) as (oracle, worker):
+        assert run_job(worker, 1, STORE, (0, sources, hosts)).success
+        with HostPool.create(kv_layout.geometry, NUM_SLOTS) as pool:
+            _staged(caches, kv_layout, pool, store, piece_nbytes)
+            assert np.array_equal(pool.array, oracle.array)
+
+            stored = [block_bytes(layout, caches, group, b) for b in sources]
+            scramble(caches)
+            targets = sources[::-1]
+            load = TransferJob(
+                2, LOAD, (GroupTransfer(0, tuple(targets), tuple(hosts)),)
+            )
+            _staged(caches, kv_layout, pool, load, piece_nbytes)
+    for target, want in zip(targets, stored, strict=True):
+        assert torch.equal(block_bytes(layout, caches, group, target), want)
+
+
+def test_regions_of_different_sizes_are_copied_region_by_region() -> None:
+    """K and V apart with different head sizes: no whole-chunk reordering."""
+    torch.manual_seed(3)
+    caches = {
+        f"l{i}": (
+            random_tensor((9, 4, 16), torch.float16, CPU),
+            random_tensor((9, 4, 8), torch.float16, CPU),
+        )
+        for i in range(3)
+    }
+    specs = [GroupSpec(0, ("l0", "l1", "l2"), 9, 2)]
+    kv_layout = describe_kv_caches(caches, specs)
+    sources, hosts = [4, 1, 7, 0, 2], [0, 1, 4, 5, 7]
+    job = TransferJob(1, STORE, (GroupTransfer(0, tuple(sources), tuple(hosts)),))
+    with data_plane(caches, specs, 4) as (oracle, worker):
+        assert run_job(worker, 1, STORE, (0, sources, hosts)).success
+        with HostPool.create(kv_layout.geometry, 4) as pool:
+            _staged(caches, kv_layout, pool, job, 1 << 30)
+            assert np.array_equal(pool.array, oracle.array)
