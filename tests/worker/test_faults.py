@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from kvoffload.worker.base import GroupTransfer, TransferJob
@@ -90,3 +91,9 @@ def test_jobs_submitted_after_shutdown_fail_without_raising() -> None:
     (result,) = worker.get_finished()
     pool.close()
     assert result.job_id == 9 and not result.success
+
+
+def test_copy_threads_must_be_positive_and_cpu_only() -> None:
+    caches = _caches()
+    with pytest.raises(ValueError, match="copy_threads"):
+        create_data_plane(caches, SPECS, 1 << 20, copy_threads=0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvoffload.worker.layout import GroupSpec
+from kvoffload.worker.factory import create_data_plane
+from kvoffload.worker.layout import GroupSpec, describe_kv_caches
 
 from .kv_layouts import GROUPS, LAYOUTS, Layout, block_bytes, make_caches, scramble
 from .support import LOAD, STORE, chunk_blocks, data_plane, pick, run_job
@@ -66,3 +67,24 @@ def test_store_overwrite_load_restores_bytes(
             assert torch.equal(
                 block_bytes(layout, caches, g, block), before[g.group][block]
             )
+
+
+def test_copies_split_between_threads_round_trip() -> None:
+    """Scenario: with copy_threads=3 each job's regions are shared by three
+    threads; a store and a load into other engine blocks still round-trip."""
+    layout = LAYOUTS[4]  # K and V apart: ten regions, an uneven split
+    caches = make_caches(layout, torch.float16, CPU)
+    specs = [GroupSpec(g.group, g.layers, g.num_blocks, 2) for g in GROUPS]
+    slot_nbytes = describe_kv_caches(caches, specs).geometry.slot_nbytes
+    _, pool, worker = create_data_plane(caches, specs, 4 * slot_nbytes, copy_threads=3)
+    try:
+        g0 = GROUPS[0]
+        stored = [block_bytes(layout, caches, g0, b) for b in (3, 8, 1, 0)]
+        assert run_job(worker, 1, STORE, (0, [3, 8, 1, 0], [2, 3, 6, 7])).success
+        scramble(caches)
+        assert run_job(worker, 2, LOAD, (0, [4, 5, 6, 7], [2, 3, 6, 7])).success
+    finally:
+        worker.shutdown()
+        pool.close()
+    for block, want in zip((4, 5, 6, 7), stored, strict=True):
+        assert torch.equal(block_bytes(layout, caches, g0, block), want)

@@ -48,9 +48,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--sizes", default="64,256,1024,4096", help="chunk KiB per layer"
     )
-    parser.add_argument("--job-mib", type=int, default=128, help="bytes per job")
-    parser.add_argument("--repeats", type=int, default=9, help="timed rounds")
+    parser.add_argument("--job-mib", type=int, default=64, help="MiB per job")
+    parser.add_argument("--repeats", type=int, default=25, help="timed rounds")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--copy-threads", type=int, default=1, help="CPU only")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -59,7 +60,12 @@ def main(argv: list[str]) -> int:
             if args.json:
                 print(
                     json.dumps(
-                        {"bench": "transfer", "device": args.device, **asdict(row)}
+                        {
+                            "bench": "transfer",
+                            "device": args.device,
+                            "copy_threads": args.copy_threads,
+                            **asdict(row),
+                        }
                     )
                 )
     if not args.json:
@@ -82,7 +88,9 @@ def _measure(chunk_nbytes: int, args: argparse.Namespace) -> list[Row]:
     spec = GroupSpec(0, tuple(kv), num_blocks, bpc)
     job_nbytes = chunks * layers * chunk_nbytes
     budget = 2 * job_nbytes + chunk_nbytes * layers
-    _, pool, worker = create_data_plane(kv, [spec], budget)
+    _, pool, worker = create_data_plane(
+        kv, [spec], budget, copy_threads=args.copy_threads
+    )
     try:
         generator = torch.Generator().manual_seed(chunk_nbytes)
         blocks = torch.randperm(num_blocks, generator=generator)[: chunks * bpc]
@@ -157,7 +165,8 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 def _print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(
         f"transfer: {args.layers} layers, blocks_per_chunk={args.blocks_per_chunk}, "
-        f"~{args.job_mib} MiB per job, best of {args.repeats} rounds, device {args.device}"
+        f"~{args.job_mib} MiB per job, best of {args.repeats} rounds, device "
+        f"{args.device}, copy threads {args.copy_threads}"
     )
     print(
         f"{'chunk/layer':>12} {'dir':>6} {'chunks':>7} {'GB/s':>8} {'copy_ GB/s':>11} {'ratio':>6}"
