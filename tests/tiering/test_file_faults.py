@@ -105,21 +105,21 @@ def check_no_partial_files_after_enospc(path: Path, ids: list[int]) -> None:
 def test_disk_full_write_errors_fail_the_store_and_serving_continues(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scenario: every write from the tier's threads hits ENOSPC halfway: the
+    """Scenario: every write from the tier's threads hits ENOSPC partway: the
     stores fail and are counted, the chunks stay readable in the primary tier,
     no partial file is left, and once space returns stores succeed."""
-    real_write = os.write
+    real_writev = os.writev
     disk_full = threading.Event()
     disk_full.set()
 
-    def write(fd: int, data: bytes) -> int:
+    def writev(fd: int, buffers: list[memoryview]) -> int:
         on_tier_thread = threading.current_thread().name.startswith("kvoffload-")
-        if disk_full.is_set() and on_tier_thread and len(data) > 64:
-            real_write(fd, bytes(memoryview(data)[: len(data) // 2]))
+        if disk_full.is_set() and on_tier_thread:
+            real_writev(fd, buffers[:1])  # the header goes in, then space runs out
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     m, engine, _ = file_engine(tmp_path)
     m.on_new_request(W)
     engine.store(keys(1, 2), W)
@@ -256,14 +256,13 @@ tier.submit_store(TierJob(0, (key(0),), (0,), ctx))
 tier.drain()
 assert tier.get_finished_jobs()[0].success
 
-real_write = os.write
-def stalled_write(fd, data):
-    if len(data) < 1024:
-        return real_write(fd, data)
-    real_write(fd, bytes(memoryview(data)[: len(data) // 2]))
+real_writev = os.writev
+def stalled_writev(fd, buffers):
+    header, body = buffers[0], buffers[-1]
+    real_writev(fd, [header, body[: len(body) // 2]])
     open(marker, "w").close()
     time.sleep(600)
-os.write = stalled_write
+os.writev = stalled_writev
 buf.slot_view(1)[:] = payload(key(1), 65536)
 tier.submit_store(TierJob(1, (key(1),), (1,), ctx))
 time.sleep(600)

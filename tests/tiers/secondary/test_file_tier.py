@@ -27,13 +27,13 @@ def store(tier: FileTier, buffer: ArrayChunkBuffer, ids: list[int]) -> None:
         assert jobs.store([key(i)], [0]).success
 
 
-def test_files_are_spread_over_two_levels_under_the_fingerprint(
+def test_files_are_spread_over_directories_under_the_fingerprint(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
     tier = tier_at(tmp_path, buffer)
     store(tier, buffer, [1])
     hexkey = key(1).hex()
-    expected = tmp_path / FINGERPRINT / hexkey[:2] / hexkey[2:4] / f"{hexkey}.kvc"
+    expected = tmp_path / FINGERPRINT / hexkey[:3] / f"{hexkey}.kvc"
     assert tier.chunk_path(key(1)) == str(expected)
     assert expected.stat().st_size == FILE_SIZE
     tier.shutdown()
@@ -133,4 +133,44 @@ def test_many_chunks_in_one_job_use_several_threads(tmp_path: Path) -> None:
         buffer.slot_view(slot)[:] = bytes(4096)
     assert jobs.load(ks, list(range(32))).num_bytes == 32 * 4096
     assert all(bytes(buffer.slot_view(s)) == payload(k, 4096) for s, k in enumerate(ks))
+    tier.shutdown()
+
+
+def test_evicted_file_of_another_size_is_deleted_not_reused(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a full tier holds a group-0 and a group-1 chunk (different sizes);
+    a new group-1 chunk evicts the group-0 one: its file goes, both group-1
+    chunks load intact, and the bytes on disk stay within capacity."""
+    small = codec.header_size(36, FINGERPRINT) + GROUPS[1]
+    tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE + small)
+    jobs = Jobs(tier)
+    big_key, old, new = key(1), key(2, group=1), key(3, group=1)
+    for k, group in ((big_key, 0), (old, 1), (new, 1)):
+        buffer.slot_view(0)[: GROUPS[group]] = payload(k, GROUPS[group])
+        assert jobs.store([k], [0]).success
+    assert [resolve(tier, k) for k in (big_key, old, new)] == [
+        LookupResult.MISS,
+        LookupResult.HIT,
+        LookupResult.HIT,
+    ]
+    assert not os.path.exists(tier.chunk_path(big_key))
+    assert jobs.load([old, new], [4, 5]).success
+    assert bytes(buffer.slot_view(4)[: GROUPS[1]]) == payload(old, GROUPS[1])
+    assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(new, GROUPS[1])
+    files = [p for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= FILE_SIZE + small
+    tier.shutdown()
+
+
+def test_full_tier_reuses_evicted_files_and_leaves_no_temporary_files(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    store(tier, buffer, list(range(10)))
+    files = sorted(p.name for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file())
+    assert files == sorted(f"{key(i).hex()}.kvc" for i in (8, 9))
+    jobs = Jobs(tier)
+    assert jobs.load([key(8), key(9)], [2, 3]).success
+    assert bytes(buffer.slot_view(3)[: GROUPS[0]]) == payload(key(9), GROUPS[0])
     tier.shutdown()

@@ -136,17 +136,23 @@ class FileTier(SecondaryTier):
         started: list[int] = []
         refused: list[OffloadKey] = []
         victims: list[OffloadKey] = []
+        # Evicted files are reused for new chunks of the same size (see ChunkFiles).
+        spare: dict[int, list[OffloadKey]] = {}
+        recycle: dict[int, OffloadKey] = {}
         for i, key in enumerate(job.keys):
             if self._index.is_known(key):
                 continue
-            payload = self._payload_len(key)
-            assert payload is not None, "store of a key without a chunk size"
-            reservation = self._index.reserve(key, self._files.file_size(key, payload))
+            size = self._file_size(key)
+            reservation = self._index.reserve(key, size)
+            for victim in reservation.victims:
+                spare.setdefault(self._file_size(victim), []).append(victim)
             victims.extend(reservation.victims)
-            if reservation.ok:
-                started.append(i)
-            else:
+            if not reservation.ok:
                 refused.append(key)
+                continue
+            started.append(i)
+            if spare.get(size):
+                recycle[i] = spare[size].pop()
         self._stats.store_skipped += len(refused)
         self._stats.evictions += len(victims)
         if victims:
@@ -157,12 +163,18 @@ class FileTier(SecondaryTier):
             job, True, tuple(started), tuple(refused), tuple(victims)
         )
         tasks = [
-            Task(batch, partial(self._write_batch, job, batch))
+            Task(batch, partial(self._write_batch, job, batch, recycle))
             for batch in self._batches(started)
         ]
-        if victims:
-            tasks.append(Task((), partial(self._delete_batch, tuple(victims))))
+        unused = tuple(v for group in spare.values() for v in group)
+        if unused:
+            tasks.append(Task((), partial(self._delete_batch, unused)))
         self._executor.submit(job.job_id, tasks)
+
+    def _file_size(self, key: OffloadKey) -> int:
+        payload = self._payload_len(key)
+        assert payload is not None, "a stored key without a chunk size"
+        return self._files.file_size(key, payload)
 
     def submit_load(self, job: TierJob) -> None:
         started: list[int] = []
@@ -271,17 +283,18 @@ class FileTier(SecondaryTier):
 
     # -- on I/O threads ----------------------------------------------------------
 
-    def _write_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+    def _write_batch(
+        self, job: TierJob, indices: tuple[int, ...], recycle: dict[int, OffloadKey]
+    ) -> BatchOutcome:
         failed: list[int] = []
         errors: list[OSError] = []
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
             n = self._buffer.chunk_nbytes(offload_key_group(key))
+            view = self._buffer.slot_view(job.slots[i])[:n]
             try:
-                num_bytes += self._files.write(
-                    key, self._buffer.slot_view(job.slots[i])[:n]
-                )
+                num_bytes += self._files.write(key, view, recycle.get(i))
             except OSError as exc:
                 failed.append(i)
                 errors.append(exc)
