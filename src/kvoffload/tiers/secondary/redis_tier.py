@@ -119,18 +119,19 @@ class RedisTier(SecondaryTier):
     # -- lookups -----------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
-        self._stats.lookups += 1
         self._absorb_answers()
         if not self._link.available():
+            self._stats.lookups += 1
             return LookupResult.MISS
         known = self._known.get(key)
-        if known is not None and known[1] > self._clock():
-            if known[0]:
-                self._stats.hits += 1
-                return LookupResult.HIT
-            return LookupResult.MISS
-        self._ask(key)
-        return LookupResult.RETRY
+        if known is None or known[1] <= self._clock():
+            self._ask(key)
+            return LookupResult.RETRY  # counted once answered
+        self._stats.lookups += 1
+        if known[0]:
+            self._stats.hits += 1
+            return LookupResult.HIT
+        return LookupResult.MISS
 
     def prefetch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         if not self._link.available():
