@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tiering_support import (
+
+from kvoffload import LookupResult, PrefixLookup, ReqContext
+from kvoffload.tiers.secondary import codec
+from tests.tiering.tiering_support import (
     FINGERPRINT,
     SLOT,
     chunk_files,
@@ -26,9 +29,6 @@ from tiering_support import (
     keys,
     wait_until,
 )
-
-from kvoffload import LookupResult, PrefixLookup, ReqContext
-from kvoffload.tiers.secondary import codec
 
 W = ReqContext("writer")
 R = ReqContext("reader")
@@ -242,8 +242,8 @@ def test_file_written_for_another_fingerprint_is_never_loaded(tmp_path: Path) ->
 
 _KILLED_WRITER = """
 import os, sys, time
-sys.path.insert(0, {support!r})
-from tiering_support import FINGERPRINT, key, payload
+sys.path.insert(0, {repo!r})
+from tests.tiering.tiering_support import FINGERPRINT, key, payload
 from kvoffload import ReqContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig, TierJob
 
@@ -275,7 +275,7 @@ def test_process_killed_mid_write_leaves_no_partial_chunk(tmp_path: Path) -> Non
     and the chunk written before it loads back intact."""
     root, marker = tmp_path / "tier", tmp_path / "halfway"
     script = tmp_path / "writer.py"
-    script.write_text(_KILLED_WRITER.format(support=str(Path(__file__).parent)))
+    script.write_text(_KILLED_WRITER.format(repo=str(Path(__file__).parents[2])))
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(marker)])
     try:
         wait_until(lambda: marker.exists() or proc.poll() is not None, timeout_s=60)

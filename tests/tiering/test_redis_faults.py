@@ -10,13 +10,21 @@ import time
 from collections.abc import Callable
 
 import redis
-from tiering_support import SLOT, Clock, Engine, key, keys, make_manager, wait_until
 
 from kvoffload import LookupResult, PrefixLookup, ReqContext
 from kvoffload.tiering import TieringManager
 from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
 from kvoffload.tiers.secondary.redis_server import RedisServer
 from kvoffload.tiers.secondary.redis_tier import RedisTier
+from tests.tiering.tiering_support import (
+    SLOT,
+    Clock,
+    Engine,
+    key,
+    keys,
+    make_manager,
+    wait_until,
+)
 
 W = ReqContext("writer")
 R = ReqContext("reader")

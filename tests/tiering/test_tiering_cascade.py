@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from tiering_support import HeldTier, key, keys, make_manager
-
 from kvoffload import LookupResult, OffloadPolicy, ReqContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer, MemoryTier, MemoryTierConfig
+from tests.tiering.tiering_support import HeldTier, key, keys, make_manager
 
 R1 = ReqContext("r1")
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from tiering_support import SLOT, Clock, HeldTier, key, keys, make_manager, payload
-
 from kvoffload import LookupResult, PrefixLookup, ReqContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer
+from tests.tiering.tiering_support import (
+    SLOT,
+    Clock,
+    HeldTier,
+    key,
+    keys,
+    make_manager,
+    payload,
+)
 
 R1 = ReqContext("r1")
 

@@ -12,11 +12,18 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
-from tiering_support import SLOT, Engine, HeldTier, key, make_manager, payload
 
 from kvoffload import LookupResult, OffloadKey, OffloadPolicy, ReqContext
 from kvoffload.tiering import TieringManager
 from kvoffload.tiers.secondary import ArrayChunkBuffer, MemoryTier, MemoryTierConfig
+from tests.tiering.tiering_support import (
+    SLOT,
+    Engine,
+    HeldTier,
+    key,
+    make_manager,
+    payload,
+)
 
 CAPACITY = 6
 SELECTORS = [None, ["held"], ["memory"], ["storage"], []]

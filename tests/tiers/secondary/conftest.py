@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis
-from secondary_support import FINGERPRINT, GROUPS, SLOT, TierFactory
 
 from kvoffload.tiers.secondary import (
     ArrayChunkBuffer,
@@ -16,6 +15,12 @@ from kvoffload.tiers.secondary import (
     create_secondary_tier,
 )
 from kvoffload.tiers.secondary.redis_server import RedisServer, find_redis_server
+from tests.tiers.secondary.secondary_support import (
+    FINGERPRINT,
+    GROUPS,
+    SLOT,
+    TierFactory,
+)
 
 
 @pytest.fixture

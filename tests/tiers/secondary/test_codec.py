@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from secondary_support import key
 
 from kvoffload.tiers.secondary import CorruptChunkError, codec
+from tests.tiers.secondary.secondary_support import key
 
 FP = "model-a"
 PAYLOAD = bytes(range(256)) * 4

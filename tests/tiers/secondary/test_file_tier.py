@@ -6,10 +6,17 @@ import os
 import time
 from pathlib import Path
 
-from secondary_support import CTX, FINGERPRINT, GROUPS, Jobs, key, payload, resolve
-
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig, codec
+from tests.tiers.secondary.secondary_support import (
+    CTX,
+    FINGERPRINT,
+    GROUPS,
+    Jobs,
+    key,
+    payload,
+    resolve,
+)
 
 FILE_SIZE = codec.header_size(36, FINGERPRINT) + GROUPS[0]
 

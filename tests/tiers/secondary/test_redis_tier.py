@@ -6,11 +6,18 @@ import socket
 
 import pytest
 import redis
-from secondary_support import CTX, GROUPS, Jobs, key, payload, resolve
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
 from kvoffload.tiers.secondary.redis_tier import RedisTier
+from tests.tiers.secondary.secondary_support import (
+    CTX,
+    GROUPS,
+    Jobs,
+    key,
+    payload,
+    resolve,
+)
 
 
 class Clock:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from secondary_support import FINGERPRINT
 
 from kvoffload import OffloadPolicy
 from kvoffload.tiering import TieringConfig
@@ -17,6 +16,7 @@ from kvoffload.tiers.secondary import (
     create_secondary_tiers,
     make_fingerprint,
 )
+from tests.tiers.secondary.secondary_support import FINGERPRINT
 
 
 def test_file_config_from_mapping_parses_sizes_and_policies(tmp_path: Path) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from secondary_support import CTX, GROUPS, Jobs, TierFactory, key, payload, resolve
-
 from kvoffload import LookupResult, OffloadPolicy
 from kvoffload.tiers.secondary import ArrayChunkBuffer
+from tests.tiers.secondary.secondary_support import (
+    CTX,
+    GROUPS,
+    Jobs,
+    TierFactory,
+    key,
+    payload,
+    resolve,
+)
 
 
 def fill(buffer: ArrayChunkBuffer, slot: int, k: bytes, group: int = 0) -> bytes:
