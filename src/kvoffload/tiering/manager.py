@@ -95,7 +95,6 @@ class TieringManager(OffloadingManager):
         self._next_job_id = 0
         self._inflight = [0] * len(self.tiers)
         self._shed = [0] * len(self.tiers)
-        self._cascade_pins = 0
         self._polled = False
 
     # -- completions -------------------------------------------------------------
@@ -113,7 +112,7 @@ class TieringManager(OffloadingManager):
                 if record.promotion:
                     self._finish_promotion(record.job, result)
                 else:
-                    self.primary.complete_load(record.job.keys, record.job.ctx)
+                    self.primary.unpin(record.job.keys)
                     self._inflight[index] -= len(record.job.keys)
 
     def _finish_promotion(self, job: TierJob, result: TierJobResult) -> None:
@@ -167,8 +166,7 @@ class TieringManager(OffloadingManager):
             self._shed[index] += len(keys) - len(batch)
             if not batch:
                 continue
-            slots = self.primary.prepare_load(batch, ctx)
-            self._cascade_pins += len(batch)
+            slots = self.primary.pin(batch)
             self._inflight[index] += len(batch)
             tier.submit_store(self._new_job(index, False, batch, slots, ctx))
 
@@ -229,9 +227,9 @@ class TieringManager(OffloadingManager):
         return _RETRY if retry else _MISS
 
     def _start_promotion(self, tier: int, key: OffloadKey, ctx: ReqContext) -> bool:
-        out = self.primary.prepare_store((key,), ctx)
+        out = self.primary.prepare_store((key,), ctx, bypass_admission=True)
         if out is None or not out.keys_to_store:
-            return False  # no room, or the reuse filter declined it
+            return False  # no room
         self._promotions.add(tier, ctx, key, out.slots[0])
         return True
 
@@ -394,12 +392,6 @@ class TieringManager(OffloadingManager):
 
     def get_stats(self) -> dict[str, TierStats]:
         stats = self.primary.get_stats()
-        cpu = stats[self.primary.name]
-        # Cascades pin chunks through prepare_load, which the primary tier counts
-        # as loads; the engine's loads are what that counter means.
-        stats[self.primary.name] = replace(
-            cpu, chunks_loaded=cpu.chunks_loaded - self._cascade_pins
-        )
         for index, tier in enumerate(self.tiers):
             own = tier.get_stats()
             stats[tier.name] = replace(own, drops=own.drops + self._shed[index])

@@ -183,3 +183,23 @@ def test_bad_arguments_raise_naming_the_argument(
     args: dict[str, object] = {"num_chunks": 4, **kwargs}
     with pytest.raises(ValueError, match=name):
         CPUOffloadingManager(**args)  # type: ignore[arg-type]
+
+
+def test_pins_protect_without_counting_as_loads() -> None:
+    m = CPUOffloadingManager(1)
+    stored(m, [1])
+    (slot,) = m.pin(keys(1))
+    assert m.prepare_store(keys(2), CTX) is None
+    m.unpin(keys(1))
+    m.unpin(keys(1))  # extra unpins are ignored
+    out = m.prepare_store(keys(2), CTX)
+    assert out is not None and out.slots == (slot,)
+    assert m.get_stats()["cpu"].chunks_loaded == 0
+
+
+def test_bypassing_admission_stores_a_chunk_the_filter_would_reject() -> None:
+    m = CPUOffloadingManager(4, store_threshold=2)
+    out = m.prepare_store(keys(1), CTX)
+    assert out is not None and out.keys_to_store == ()
+    out = m.prepare_store(keys(1), CTX, bypass_admission=True)
+    assert out is not None and out.keys_to_store == (k(1),)

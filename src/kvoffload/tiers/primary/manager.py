@@ -120,18 +120,28 @@ class CPUOffloadingManager(OffloadingManager):
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> tuple[int, ...]:
+        slots = self.pin(keys)
+        self._stats.chunks_loaded += len(slots)
+        return slots
+
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self.unpin(keys)
+
+    def pin(self, keys: Sequence[OffloadKey]) -> tuple[int, ...]:
+        """Protect readable chunks from eviction while something reads their slots
+        (a load, or a cascade to a secondary tier); returns their slots."""
         slots, pins = self._slots, self._pins
         out: list[int] = []
         for key in keys:
             assert key in slots and key not in self._writing, (
-                "prepare_load of a non-readable chunk"
+                "pin of a non-readable chunk"
             )
             pins[key] = pins.get(key, 0) + 1
             out.append(slots[key])
-        self._stats.chunks_loaded += len(out)
         return tuple(out)
 
-    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+    def unpin(self, keys: Sequence[OffloadKey]) -> None:
+        """Drop pins taken by `pin`; unknown keys (dropped by a reset) are ignored."""
         pins = self._pins
         for key in keys:
             count = pins.get(key)
@@ -148,18 +158,19 @@ class CPUOffloadingManager(OffloadingManager):
     # -- stores ------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        bypass_admission: bool = False,
     ) -> PrepareStoreOutput | None:
+        """See `OffloadingManager.prepare_store`. `bypass_admission` skips the reuse
+        filter and the policy's admission (promotions of chunks a secondary tier
+        already holds)."""
         slots = self._slots
-        if self._filter.enabled:
-            self._filter.observe(keys, ctx.req_id)
         new = list(dict.fromkeys(k for k in keys if k not in slots))
-        if self._filter.enabled and new:
-            admitted = self._filter.admitted(new)
-            self._stats.admission_rejected += len(new) - len(admitted)
-            new = admitted
-        if new:
-            new = list(self._policy.admit(new))
+        if not bypass_admission:
+            new = self._admitted(keys, new, ctx)
         if not new:
             return _NOTHING_TO_STORE
 
@@ -189,6 +200,18 @@ class CPUOffloadingManager(OffloadingManager):
                 OffloadingEvent(tuple(victims), self.medium, True, self.name)
             )
         return PrepareStoreOutput(tuple(new), tuple(new_slots), tuple(victims))
+
+    def _admitted(
+        self, offered: Sequence[OffloadKey], new: list[OffloadKey], ctx: ReqContext
+    ) -> list[OffloadKey]:
+        """The new keys that pass the reuse filter and the policy's admission."""
+        if self._filter.enabled:
+            self._filter.observe(offered, ctx.req_id)
+            if new:
+                admitted = self._filter.admitted(new)
+                self._stats.admission_rejected += len(new) - len(admitted)
+                new = admitted
+        return list(self._policy.admit(new)) if new else new
 
     def _allocate(self, n: int) -> list[int]:
         fresh = min(n, self._num_chunks - self._next_fresh)
