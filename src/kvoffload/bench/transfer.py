@@ -4,7 +4,8 @@
 then for each per-layer chunk size stores a batch of chunks from scattered engine
 blocks into scattered slots and loads it back, timing submit-to-finish. Next to
 each it measures one contiguous `copy_` of the same bytes in the same run (on
-CUDA: the pinned device-to-host or host-to-device copy) and prints the ratio.
+CUDA: the pinned device-to-host or host-to-device copy) and prints the ratio;
+on CPU both with as many threads as the worker copies with and with all cores.
 Rounds interleave the four measurements; each reports its best round, the
 steadiest estimate on a machine shared with other work.
 """
@@ -37,7 +38,11 @@ class Row:
     mib: float
     gbps: float
     copy_gbps: float
+    """One contiguous `copy_` with as many threads as the worker copies with."""
     ratio: float
+    copy_all_gbps: float
+    """One contiguous `copy_` with torch's default threads (all cores)."""
+    ratio_all: float
 
 
 def main(argv: list[str]) -> int:
@@ -74,11 +79,12 @@ def main(argv: list[str]) -> int:
 
 
 def _measure(chunk_nbytes: int, args: argparse.Namespace) -> list[Row]:
-    layers, bpc, device = args.layers, args.blocks_per_chunk, torch.device(args.device)
+    layers, bpc = int(args.layers), int(args.blocks_per_chunk)
+    device = torch.device(args.device)
     # vLLM's CPU layout [blocks, heads, tokens, 2 * head_dim]: 8 heads of 128
     # bf16 make 4 KiB per token and layer.
     tokens = max(chunk_nbytes // bpc // (4 * _KIB), 1)
-    chunks = max(args.job_mib * 2**20 // (chunk_nbytes * layers), 1)
+    chunks = max(int(args.job_mib) * 2**20 // (chunk_nbytes * layers), 1)
     num_blocks = 2 * chunks * bpc + 1
     shape = (num_blocks, 8, tokens, 256)
     kv = {
@@ -108,32 +114,43 @@ def _measure(chunk_nbytes: int, args: argparse.Namespace) -> list[Row]:
                 raise RuntimeError(f"benchmark {direction.value} job failed")
 
         copy_store, copy_load = _bounds(job_nbytes, device)
-        times: dict[str, list[float]] = {k: [] for k in ("store", "load", "cs", "cl")}
+        own = args.copy_threads if device.type == "cpu" else None
+        timed: dict[str, Callable[[], object]] = {
+            "store": lambda: run(TransferDirection.STORE),
+            "load": lambda: run(TransferDirection.LOAD),
+        }
+        times: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.repeats + 1):  # the first round warms up
-            times["cs"].append(_time(copy_store, device))
-            times["store"].append(_time(lambda: run(TransferDirection.STORE), device))
-            times["cl"].append(_time(copy_load, device))
-            times["load"].append(_time(lambda: run(TransferDirection.LOAD), device))
+            for direction, copy in (("store", copy_store), ("load", copy_load)):
+                for kind, threads in (("own", own), ("all", None)):
+                    times.setdefault((direction, kind), []).append(
+                        _time(copy, device, threads)
+                    )
+                times.setdefault((direction, "job"), []).append(
+                    _time(timed[direction], device, None)
+                )
     finally:
         worker.shutdown()
         pool.close()
-    rows = []
-    for direction, bound in (("store", "cs"), ("load", "cl")):
-        gbps = job_nbytes / min(times[direction][1:]) / 1e9
-        copy_gbps = job_nbytes / min(times[bound][1:]) / 1e9
-        rows.append(
-            Row(
-                direction,
-                chunk_nbytes // _KIB,
-                layers,
-                chunks,
-                round(job_nbytes / 2**20, 1),
-                round(gbps, 2),
-                round(copy_gbps, 2),
-                round(gbps / copy_gbps, 3),
-            )
+
+    def gbps(direction: str, kind: str) -> float:
+        return job_nbytes / min(times[(direction, kind)][1:]) / 1e9
+
+    return [
+        Row(
+            direction,
+            chunk_nbytes // _KIB,
+            layers,
+            chunks,
+            round(job_nbytes / 2**20, 1),
+            round(gbps(direction, "job"), 2),
+            round(gbps(direction, "own"), 2),
+            round(gbps(direction, "job") / gbps(direction, "own"), 3),
+            round(gbps(direction, "all"), 2),
+            round(gbps(direction, "job") / gbps(direction, "all"), 3),
         )
-    return rows
+        for direction in ("store", "load")
+    ]
 
 
 def _bounds(
@@ -152,27 +169,43 @@ def _bounds(
     )
 
 
-def _time(fn: Callable[[], object], device: torch.device) -> float:
+def _time(fn: Callable[[], object], device: torch.device, threads: int | None) -> float:
+    """Seconds `fn` takes; with `threads`, torch's intra-op threads meanwhile."""
+    default = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    torch.set_num_threads(default)
+    return seconds
 
 
 def _print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(
         f"transfer: {args.layers} layers, blocks_per_chunk={args.blocks_per_chunk}, "
         f"~{args.job_mib} MiB per job, best of {args.repeats} rounds, device "
-        f"{args.device}, copy threads {args.copy_threads}"
+        f"{args.device}, copy threads {args.copy_threads}; copy_ with the same "
+        f"threads, and with all {torch.get_num_threads()}"
     )
-    print(
-        f"{'chunk/layer':>12} {'dir':>6} {'chunks':>7} {'GB/s':>8} {'copy_ GB/s':>11} {'ratio':>6}"
+    head = (
+        "chunk/layer",
+        "dir",
+        "chunks",
+        "GB/s",
+        "copy_",
+        "ratio",
+        "copy_ all",
+        "ratio",
     )
+    print("{:>11} {:>5} {:>6} {:>7} {:>7} {:>6} {:>9} {:>6}".format(*head))
     for r in rows:
         print(
-            f"{r.chunk_kib:>9} KiB {r.direction:>6} {r.chunks:>7} {r.gbps:>8.2f} "
-            f"{r.copy_gbps:>11.2f} {r.ratio:>6.2f}"
+            f"{r.chunk_kib:>7} KiB {r.direction:>5} {r.chunks:>6} {r.gbps:>7.2f} "
+            f"{r.copy_gbps:>7.2f} {r.ratio:>6.2f} {r.copy_all_gbps:>9.2f} "
+            f"{r.ratio_all:>6.2f}"
         )
