@@ -1,0 +1,1 @@
+"""Adapters that plug kvoffload into inference engines (vLLM first)."""
