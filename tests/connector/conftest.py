@@ -17,15 +17,27 @@ from kvoffload.connector import (
     ScheduledRequest,
     StepPlan,
 )
-from kvoffload.engine_model import EngineConfig, EngineModel, SimClock, SimRequest
-from kvoffload.tiers.base import OffloadPolicy, PrepareStoreOutput, RequestOffloadingContext
+from kvoffload.engine_model import (
+    EngineConfig,
+    EngineModel,
+    SimClock,
+    SimRequest,
+    TimeModel,
+)
+from kvoffload.tiers.base import (
+    OffloadPolicy,
+    PrepareStoreOutput,
+    RequestOffloadingContext,
+)
 from kvoffload.worker.base import TransferJob
 
 
 class RecordingManager(CPUOffloadingManager):
     """The real primary tier, recording the calls the connector makes."""
 
-    def __init__(self, num_chunks: int, policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL):
+    def __init__(
+        self, num_chunks: int, policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+    ):
         super().__init__(num_chunks)
         self.request_policy = policy
         self.calls: list[tuple[str, str]] = []
@@ -40,7 +52,9 @@ class RecordingManager(CPUOffloadingManager):
         self.calls.append(("lookup", ctx.req_id))
         return super().lookup_prefix(keys, ctx)
 
-    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> tuple[int, ...]:
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext
+    ) -> tuple[int, ...]:
         self.calls.append(("prepare_load", ctx.req_id))
         return super().prepare_load(keys, ctx)
 
@@ -101,6 +115,7 @@ class Harness:
     policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
     max_batched_tokens: int = 8192
     fail_job: Callable[[TransferJob], bool] | None = None
+    time_model: TimeModel = field(default_factory=TimeModel)
     seed: int = 0
     clock: SimClock = field(default_factory=SimClock)
 
@@ -110,7 +125,8 @@ class Harness:
         self.hasher = BlockHasher(self.hash_tokens)
         self.manager = RecordingManager(self.host_chunks, self.policy)
         groups = tuple(
-            GroupSpec(t, b) for t, b in zip(self.tokens_per_block, self.blocks_per_chunk, strict=True)
+            GroupSpec(t, b)
+            for t, b in zip(self.tokens_per_block, self.blocks_per_chunk, strict=True)
         )
         self.connector = RecordingConnector(
             ConnectorConfig(groups, offload_prompt_only=self.offload_prompt_only),
@@ -125,6 +141,7 @@ class Harness:
             device_blocks=self.device_blocks,
             async_scheduling=self.async_scheduling,
             max_batched_tokens=self.max_batched_tokens,
+            time_model=self.time_model,
         )
         return EngineModel(config, connector, self.fail_job, self.clock)
 

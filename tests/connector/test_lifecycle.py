@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from kvoffload import LookupResult, ReqContext
+from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+)
+from kvoffload.engine_model import SimRequest, TimeModel
+from kvoffload.keys import BlockHasher
+from kvoffload.worker.base import JobResult
 
 from .conftest import Harness
 
@@ -27,14 +36,21 @@ def test_hooks_run_in_order_and_finish_exactly_once(async_scheduling: bool) -> N
     assert h.connector.num_live_requests() == 0
 
 
-def test_preempted_requests_blocks_wait_for_their_stores(async_scheduling: bool) -> None:
+def test_preempted_requests_blocks_wait_for_their_stores(
+    async_scheduling: bool,
+) -> None:
     """Scenario: three long requests on a device of 36 blocks with a small token
-    budget; growth preempts one while its chunks are being stored."""
+    budget and a slow host link; growth preempts one while its chunks are being
+    stored, and its blocks go to another request."""
     h = Harness(
-        async_scheduling=async_scheduling, device_blocks=36, max_batched_tokens=16
+        async_scheduling=async_scheduling,
+        device_blocks=36,
+        max_batched_tokens=16,
+        time_model=TimeModel(transfer_bytes_per_s=2e6),
     )
     reqs = [
-        h.request(f"r{i}", h.tokens(4 * CHUNK), output=h.tokens(30), arrival=0.0) for i in range(3)
+        h.request(f"r{i}", h.tokens(4 * CHUNK), output=h.tokens(30), arrival=0.0)
+        for i in range(3)
     ]
     h.run(*reqs)
     assert any(r.preemptions for r in reqs)
@@ -77,4 +93,39 @@ def test_reset_mid_transfer_ignores_late_completions(async_scheduling: bool) -> 
     # The tier keeps working after the reset.
     b = h.request("B", h.tokens(2 * CHUNK + 1))
     h.run(b)
-    assert all(h.manager.lookup(k, ctx) is LookupResult.HIT for k in h.manager.offered["B"])
+    assert all(
+        h.manager.lookup(k, ctx) is LookupResult.HIT for k in h.manager.offered["B"]
+    )
+
+
+def test_reused_blocks_wait_for_the_stores_reading_them() -> None:
+    """Scenario: A's store from engine blocks 0-5 is in flight when A finishes and
+    the engine gives blocks 3 and 4 to B: the plan fences them; once the store
+    completed, reusing them needs no wait."""
+    hasher = BlockHasher(4)
+    connector = OffloadConnector(
+        ConnectorConfig((GroupSpec(4, 3),)), CPUOffloadingManager(8)
+    )
+
+    def sim(req_id: str, tokens: list[int]) -> SimRequest:
+        return SimRequest(req_id, 0.0, len(tokens), 1, hasher.hash_blocks(tokens), 4)
+
+    a = sim("A", list(range(24)))
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [list(range(6))], 0, 0)
+    (store,) = connector.build_step([ScheduledRequest("A", 0, 24)]).stores
+    connector.request_finished("A")
+    b = sim("B", list(range(100, 124)))
+    connector.on_new_request(b)
+    assert connector.get_num_new_matched_tokens(b, 0) == 0
+    connector.update_state_after_alloc("B", [[9, 3, 4]], 0, 0)
+    plan = connector.build_step([ScheduledRequest("B", 0, 12)])
+    assert plan.wait_for == (store.job_id,)
+    connector.on_job_results([JobResult(store.job_id, True)])
+    c = sim("C", list(range(200, 212)))
+    connector.on_new_request(c)
+    assert connector.get_num_new_matched_tokens(c, 0) == 0
+    connector.update_state_after_alloc("C", [[0, 1]], 0, 0)
+    assert connector.build_step([ScheduledRequest("C", 0, 8)]).wait_for == ()
+    assert connector.num_live_requests() == 2

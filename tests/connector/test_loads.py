@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kvoffload import CPUOffloadingManager, ReqContext
-from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector, ScheduledRequest
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+)
 from kvoffload.engine_model import SimClock, SimRequest
 from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
 from kvoffload.worker.base import JobResult, TransferDirection
@@ -35,7 +40,9 @@ def test_repeat_after_device_eviction_loads_the_prefix(async_scheduling: bool) -
     assert again.ttft < first.ttft
 
 
-def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(async_scheduling: bool) -> None:
+def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(
+    async_scheduling: bool,
+) -> None:
     """Scenario: blocks_per_chunk 3, block size 4. The device still holds A's first
     block (re-cached by C); A's three chunks are in the host tier. B repeats A: the
     load starts at block 1, inside chunk 0."""
@@ -54,7 +61,9 @@ def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(async_scheduling: 
     assert len(set(group.engine_blocks)) == 8
 
 
-def test_a_full_prompt_hit_leaves_the_last_token_to_the_engine(async_scheduling: bool) -> None:
+def test_a_full_prompt_hit_leaves_the_last_token_to_the_engine(
+    async_scheduling: bool,
+) -> None:
     """Scenario: the prompt is exactly 3 chunks and all are offloaded."""
     h = Harness(async_scheduling=async_scheduling, device_blocks=30)
     prompt = h.tokens(3 * CHUNK)
@@ -66,7 +75,9 @@ def test_a_full_prompt_hit_leaves_the_last_token_to_the_engine(async_scheduling:
     assert b.loaded_tokens == 32
 
 
-@pytest.mark.parametrize(("cap", "loaded"), [(None, 48), (0, 0), (12, 12), (13, 12), (30, 28)])
+@pytest.mark.parametrize(
+    ("cap", "loaded"), [(None, 48), (0, 0), (12, 12), (13, 12), (30, 28)]
+)
 def test_max_load_tokens(async_scheduling: bool, cap: int | None, loaded: int) -> None:
     """Scenario: 4 chunks offloaded; B asks to load at most `cap` tokens."""
     h = Harness(async_scheduling=async_scheduling, device_blocks=30)
@@ -79,7 +90,9 @@ def test_max_load_tokens(async_scheduling: bool, cap: int | None, loaded: int) -
     assert b.loaded_tokens == loaded
 
 
-def test_less_than_a_chunk_past_the_device_hit_is_not_loaded(async_scheduling: bool) -> None:
+def test_less_than_a_chunk_past_the_device_hit_is_not_loaded(
+    async_scheduling: bool,
+) -> None:
     h = Harness(async_scheduling=async_scheduling, device_blocks=30)
     prompt = h.tokens(CHUNK)
     h.run(h.request("A", prompt + h.tokens(1)))
@@ -119,11 +132,18 @@ def test_failed_store_leaves_nothing_readable(async_scheduling: bool) -> None:
     assert h.connector.get_stats().failed_store_jobs >= 1
 
 
-def _lookup_harness() -> tuple[OffloadConnector, CPUOffloadingManager, SimClock, BlockHasher]:
+def _lookup_harness() -> tuple[
+    OffloadConnector, CPUOffloadingManager, SimClock, BlockHasher
+]:
     clock = SimClock()
     manager = CPUOffloadingManager(16)
     config = ConnectorConfig((GroupSpec(4, 3),), max_defer_s=0.5)
-    return OffloadConnector(config, manager, clock=clock), manager, clock, BlockHasher(4)
+    return (
+        OffloadConnector(config, manager, clock=clock),
+        manager,
+        clock,
+        BlockHasher(4),
+    )
 
 
 def _sim(req_id: str, tokens: list[int], hasher: BlockHasher) -> SimRequest:

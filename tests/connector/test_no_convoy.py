@@ -18,20 +18,26 @@ def _workload(h: Harness) -> tuple[list[SimRequest], list[SimRequest]]:
     warm = [h.request("warm", prefix + h.tokens(50), arrival=0.0)]
     fill = [h.request(f"fill-{i}", h.tokens(9_000), arrival=1.0 + i) for i in range(4)]
     burst = [
-        h.request(f"burst-{i}", prefix + h.tokens(100), output=h.tokens(8), arrival=10.0)
+        h.request(
+            f"burst-{i}", prefix + h.tokens(100), output=h.tokens(8), arrival=10.0
+        )
         for i in range(50)
     ]
     return warm + fill, burst
 
 
-def _mean_ttft(engine: EngineModel, requests: list[SimRequest], burst: list[SimRequest]) -> float:
+def _mean_ttft(
+    engine: EngineModel, requests: list[SimRequest], burst: list[SimRequest]
+) -> float:
     engine.run(requests + burst)
     ttfts = [r.ttft for r in burst]
     assert all(t is not None for t in ttfts)
     return statistics.fmean(t for t in ttfts if t is not None)
 
 
-def test_fifty_requests_on_a_shared_prefix_are_not_slower(async_scheduling: bool) -> None:
+def test_fifty_requests_on_a_shared_prefix_are_not_slower(
+    async_scheduling: bool,
+) -> None:
     common = {
         "tokens_per_block": (16,),
         "blocks_per_chunk": (4,),

@@ -50,7 +50,9 @@ def test_max_offload_tokens(
 
 
 @pytest.mark.parametrize(("prompt_only", "expected"), [(True, 2), (False, 6)])
-def test_offload_prompt_only(async_scheduling: bool, prompt_only: bool, expected: int) -> None:
+def test_offload_prompt_only(
+    async_scheduling: bool, prompt_only: bool, expected: int
+) -> None:
     """Scenario: a 2-chunk prompt, then 4 chunks' worth of generated tokens.
 
     49 tokens are generated: the last one's KV is never computed, so 48 are."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvoffload.keys import OffloadKey
-from kvoffload.worker.base import JobResult, TransferDirection
+from kvoffload.worker.base import GroupTransfer, JobResult, TransferDirection
 
 
 @dataclass
@@ -30,6 +30,8 @@ class JobRecord:
     num_bytes: int = 0
     seconds: float = 0.0
     ranks_seen: set[int] = field(default_factory=set)
+    engine_blocks: tuple[GroupTransfer, ...] = ()
+    """For stores: the engine blocks the job reads (fenced until it completes)."""
 
 
 class JobTracker:

@@ -7,6 +7,11 @@ the engine model's) translates. Call order per request: `on_new_request` once;
 `update_state_after_alloc` when the engine allocated its blocks; `build_step`
 every step it is scheduled; `request_finished` once. Job results come back through
 `on_job_results` in any step.
+
+Engine blocks are fenced, not held: a finished or preempted request's blocks go
+back to the engine at once, and when the engine hands a block that a store job is
+still reading to another request, the step plan's `wait_for` names that job, so
+the worker finishes it before anything writes the block.
 """
 
 from __future__ import annotations
@@ -58,11 +63,12 @@ class OffloadConnector:
         self._jobs = JobTracker(config.world_size)
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[TransferJob] = []
-        self._wait_for: list[int] = []
+        self._wait_for: set[int] = set()
         self._request_of: dict[int, str] = {}
+        # (group, engine block) -> store jobs in flight that read it.
+        self._readers: dict[tuple[int, int], set[int]] = {}
         self._finished_loading: list[str] = []
         self._failed_loading: list[str] = []
-        self._released: list[str] = []
         self._stats = ConnectorStats()
 
     # -- request lifecycle -------------------------------------------------------
@@ -101,6 +107,7 @@ class OffloadConnector:
         state = self._requests[request_id]
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
+        self._fence(block_ids)
         hit = num_computed_tokens + num_external_tokens
         if not state.cursors_started:
             state.cursors_started = True
@@ -122,32 +129,40 @@ class OffloadConnector:
         self._stats.hit_tokens += num_external_tokens
 
     def on_preempted(self, request_ids: Iterable[str]) -> None:
-        """The engine freed these requests' blocks: they are not reused before
-        the jobs reading or writing them finish."""
+        """The engine freed these requests' blocks; they will be looked up again."""
         for req_id in request_ids:
             state = self._requests.get(req_id)
             if state is None:
                 continue
-            self._wait_for.extend(state.store_jobs)
-            if state.load_job is not None:
-                self._wait_for.append(state.load_job)
             state.deferred_since = None
             for group in state.groups:
                 group.block_ids = []
 
-    def request_finished(self, request_id: str) -> bool:
-        """The request is done (finished, aborted). True: keep its blocks until
-        `take_released` names it, because jobs in flight still use them."""
+    def request_finished(self, request_id: str) -> None:
+        """The request is done (finished or aborted); the engine may free its blocks.
+
+        The manager hears `on_request_finished` now, exactly once; the request's
+        state is dropped when its last job completes.
+        """
         state = self._requests.get(request_id)
         if state is None or state.finished:
-            return False
+            return
         state.finished = True
         self._touch_prefix(state)
         self.manager.on_request_finished(state.ctx)
-        if state.has_jobs():
-            return True
-        del self._requests[request_id]
-        return False
+        if not state.has_jobs():
+            del self._requests[request_id]
+
+    def _fence(self, tables: Sequence[Sequence[int]]) -> None:
+        """Blocks (re)allocated to a request wait for the stores still reading them."""
+        readers = self._readers
+        if not readers:
+            return
+        for group, ids in enumerate(tables):
+            for block in ids:
+                jobs = readers.get((group, block))
+                if jobs:
+                    self._wait_for.update(jobs)
 
     # -- per step ----------------------------------------------------------------
 
@@ -159,6 +174,7 @@ class OffloadConnector:
             if state is None or state.finished:
                 continue
             self._apply_block_ids(state, item)
+            self._fence(item.new_block_ids)
             computed = item.num_computed_tokens + item.num_scheduled_tokens
             job = self._plan_store(state, computed)
             if job is not None:
@@ -168,7 +184,7 @@ class OffloadConnector:
         plan = StepPlan(
             loads=tuple(self._pending_loads),
             stores=tuple(stores),
-            wait_for=tuple(self._wait_for),
+            wait_for=tuple(sorted(self._wait_for)),
             request_of={
                 job.job_id: self._request_of[job.job_id]
                 for job in (*self._pending_loads, *stores)
@@ -213,9 +229,14 @@ class OffloadConnector:
         )
         state.store_jobs.add(record.job_id)
         self._request_of[record.job_id] = state.req_id
-        return TransferJob(
-            record.job_id, TransferDirection.STORE, store_transfers(chunks, prepared)
-        )
+        transfers = store_transfers(chunks, prepared)
+        for transfer in transfers:
+            for block in transfer.engine_blocks:
+                self._readers.setdefault((transfer.group, block), set()).add(
+                    record.job_id
+                )
+        record.engine_blocks = transfers
+        return TransferJob(record.job_id, TransferDirection.STORE, transfers)
 
     def _touch_prefix(self, state: RequestState) -> None:
         """Recency for the chunks the request hit or offered, once, head last."""
@@ -278,9 +299,18 @@ class OffloadConnector:
                 stats.failed_store_jobs += 1
             if state is not None:
                 state.store_jobs.discard(record.job_id)
+            self._unfence(record)
         if state is not None and state.finished and not state.has_jobs():
             del self._requests[record.request_id]
-            self._released.append(record.request_id)
+
+    def _unfence(self, record: JobRecord) -> None:
+        for transfer in record.engine_blocks:
+            for block in transfer.engine_blocks:
+                jobs = self._readers.get((transfer.group, block))
+                if jobs is not None:
+                    jobs.discard(record.job_id)
+                    if not jobs:
+                        del self._readers[(transfer.group, block)]
 
     def take_load_results(self) -> tuple[list[str], list[str]]:
         """Requests whose load finished since the last call: (succeeded, failed).
@@ -291,11 +321,6 @@ class OffloadConnector:
         self._finished_loading, self._failed_loading = [], []
         return done, failed
 
-    def take_released(self) -> list[str]:
-        """Finished requests whose last job completed: their blocks may be freed."""
-        out, self._released = self._released, []
-        return out
-
     def has_pending_jobs(self) -> bool:
         return len(self._jobs) > 0
 
@@ -304,7 +329,7 @@ class OffloadConnector:
     def reset_cache(self) -> None:
         """Drop every offloaded chunk. Jobs in flight finish before slots are reused,
         and their completions no longer touch the tiers."""
-        self._wait_for.extend(self._jobs.start_new_epoch())
+        self._wait_for.update(self._jobs.start_new_epoch())
         self.manager.reset_cache()
 
     def on_schedule_end(self) -> None:

@@ -86,7 +86,6 @@ class EngineModel:
         self._arrivals: deque[SimRequest] = deque()
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
-        self.draining: dict[str, SimRequest] = {}
         self.finished: list[SimRequest] = []
         self._by_id: dict[str, SimRequest] = {}
         self._late_results: list[JobResult] = []
@@ -118,7 +117,6 @@ class EngineModel:
             self._arrivals
             or self.waiting
             or self.running
-            or self.draining
             or self._late_results
             or self._decoding
         ) or (self.connector is not None and self.connector.has_pending_jobs())
@@ -214,11 +212,6 @@ class EngineModel:
             self._on_loaded(self._by_id[req_id], ok=True)
         for req_id in failed:
             self._on_loaded(self._by_id[req_id], ok=False)
-        for req_id in self.connector.take_released():
-            req = self.draining.pop(req_id, None)
-            if req is not None:
-                self._release(req)
-                req.status = RequestStatus.DONE
 
     def _on_loaded(self, req: SimRequest, ok: bool) -> None:
         if req.status is not RequestStatus.LOADING:
@@ -428,15 +421,10 @@ class EngineModel:
     def _finish(self, req: SimRequest) -> None:
         req.finish_time = self.clock.now
         self.finished.append(req)
-        keep = (
-            self.connector.request_finished(req.request_id) if self.connector else False
-        )
-        if keep:
-            req.status = RequestStatus.DRAINING
-            self.draining[req.request_id] = req
-        else:
-            self._release(req)
-            req.status = RequestStatus.DONE
+        if self.connector is not None:
+            self.connector.request_finished(req.request_id)
+        self._release(req)
+        req.status = RequestStatus.DONE
 
     def _release(self, req: SimRequest) -> None:
         self.device.release(req)

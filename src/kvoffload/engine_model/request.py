@@ -13,8 +13,6 @@ class RequestStatus(Enum):
     LOADING = "loading"
     """Blocks allocated; waiting for the connector's load to land."""
     RUNNING = "running"
-    DRAINING = "draining"
-    """Finished; blocks kept until the connector's jobs from them complete."""
     DONE = "done"
 
 
