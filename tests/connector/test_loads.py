@@ -208,3 +208,30 @@ def test_job_completes_only_when_every_rank_reported() -> None:
     connector.on_job_results([JobResult(job.job_id, True, 100, 0.1)], rank=1)
     assert manager.get_stats()["cpu"].chunks_stored == 2
     assert connector.get_stats().bytes_stored == 200
+
+
+def test_the_null_block_is_never_loaded_into_or_stored_from() -> None:
+    """Scenario: a sliding-window group whose table holds the null block 0 for
+    blocks outside the window (as vLLM gives them)."""
+    hasher = BlockHasher(4)
+    manager = CPUOffloadingManager(16)
+    config = ConnectorConfig((GroupSpec(4, 1),), null_block_id=0)
+    connector = OffloadConnector(config, manager)
+    tokens = list(range(25))
+    a = _sim("A", tokens, hasher)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [[0, 0, 7, 8, 9, 10, 11]], 0, 0)
+    (store,) = connector.build_step([ScheduledRequest("A", 0, 25)]).stores
+    (group,) = store.groups
+    assert 0 not in group.engine_blocks and len(group.engine_blocks) == 4
+    connector.on_job_results([JobResult(store.job_id, True)])
+    connector.request_finished("A")
+    # Chunks 2..5 are offloaded; a request whose engine holds the first 8 tokens
+    # (null blocks outside its window) loads 16 more, skipping nothing real.
+    b = _sim("B", tokens, hasher)
+    connector.on_new_request(b)
+    assert connector.get_num_new_matched_tokens(b, 8) == 16
+    connector.update_state_after_alloc("B", [[0, 0, 3, 4, 5, 6]], 8, 16)
+    (load,) = connector.build_step([]).loads
+    assert load.groups[0].engine_blocks == (3, 4, 5, 6)

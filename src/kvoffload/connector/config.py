@@ -48,6 +48,9 @@ class ConnectorConfig:
     - `engine_prefix_caching`: the engine keeps loaded blocks in its own prefix
       cache for other requests (vLLM does). Then a request whose prefix another
       request is loading waits for that load instead of loading it again.
+    - `null_block_id`: an engine block id that holds no data (vLLM's block 0,
+      which sliding-window groups use for blocks outside the window). Nothing is
+      stored from it or loaded into it.
     """
 
     groups: tuple[GroupSpec, ...]
@@ -56,6 +59,7 @@ class ConnectorConfig:
     max_defer_s: float = 1.0
     world_size: int = 1
     engine_prefix_caching: bool = True
+    null_block_id: int | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:

@@ -117,7 +117,9 @@ class OffloadConnector:
                     group.store_cursor = hit // group.tokens_per_chunk
         if num_external_tokens <= 0:
             return
-        keys, transfers = plan_load(self.manager, state, num_computed_tokens, hit)
+        keys, transfers = plan_load(
+            self.manager, state, num_computed_tokens, hit, self.config.null_block_id
+        )
         record = self._jobs.new(request_id, TransferDirection.LOAD, keys)
         state.load_job = record.job_id
         for key in keys:
@@ -213,7 +215,7 @@ class OffloadConnector:
         if cap is not None:
             offloadable = min(offloadable, cap)
         state.refresh_keys()
-        chunks = chunks_to_store(state, offloadable)
+        chunks = chunks_to_store(state, offloadable, self.config.null_block_id)
         if not chunks:
             return None
         prepared = self.manager.prepare_store([g.keys[c] for g, c in chunks], state.ctx)

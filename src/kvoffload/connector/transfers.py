@@ -15,11 +15,16 @@ from kvoffload.worker.base import GroupTransfer
 
 
 def plan_load(
-    manager: OffloadingManager, state: RequestState, start_token: int, end_token: int
+    manager: OffloadingManager,
+    state: RequestState,
+    start_token: int,
+    end_token: int,
+    null_block: int | None = None,
 ) -> tuple[tuple[OffloadKey, ...], tuple[GroupTransfer, ...]]:
     """Pin the chunks covering tokens [start, end) of every group and map their blocks.
 
     Returns the pinned keys (for `complete_load`) and the per-group transfers.
+    Engine blocks equal to `null_block` (outside a sliding window) are skipped.
     """
     spans: list[tuple[GroupState, int, int, int, int]] = []
     keys: list[OffloadKey] = []
@@ -37,6 +42,8 @@ def plan_load(
         engine: list[int] = []
         host: list[int] = []
         for block in range(first_block, end_block):
+            if group.block_ids[block] == null_block:
+                continue
             chunk = block // per
             engine.append(group.block_ids[block])
             host.append(slots[key_offset + chunk - first_chunk] * per + block % per)
@@ -45,14 +52,20 @@ def plan_load(
 
 
 def chunks_to_store(
-    state: RequestState, offloadable_tokens: int
+    state: RequestState, offloadable_tokens: int, null_block: int | None = None
 ) -> list[tuple[GroupState, int]]:
-    """(group, chunk index) of the whole chunks past each cursor within the limit."""
+    """(group, chunk index) of the whole chunks past each cursor within the limit.
+
+    A chunk with a block equal to `null_block` holds no data any more (it left a
+    sliding window before it could be stored): it is skipped, not stored.
+    """
     out: list[tuple[GroupState, int]] = []
     for group in state.groups:
         limit = min(offloadable_tokens // group.tokens_per_chunk, len(group.keys))
         limit = min(limit, len(group.block_ids) // group.blocks_per_chunk)
-        out.extend((group, c) for c in range(group.store_cursor, limit))
+        for c in range(group.store_cursor, limit):
+            if null_block is None or null_block not in group.chunk_blocks(c):
+                out.append((group, c))
     return out
 
 
