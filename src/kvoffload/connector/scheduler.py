@@ -324,7 +324,12 @@ class OffloadConnector:
         return done, failed
 
     def has_pending_jobs(self) -> bool:
+        """Whether transfer jobs of this connector are in flight."""
         return len(self._jobs) > 0
+
+    def has_pending_work(self) -> bool:
+        """Transfer jobs or the manager's own work (cascades, promotions) in flight."""
+        return len(self._jobs) > 0 or self.manager.has_pending_work()
 
     # -- whole-cache operations --------------------------------------------------
 

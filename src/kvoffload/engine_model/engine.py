@@ -119,7 +119,7 @@ class EngineModel:
             or self.running
             or self._late_results
             or self._decoding
-        ) or (self.connector is not None and self.connector.has_pending_jobs())
+        ) or (self.connector is not None and self.connector.has_pending_work())
 
     def abort(self, request_id: str) -> None:
         """Abort a request wherever it is; it stores only what it computed."""

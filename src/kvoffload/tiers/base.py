@@ -241,6 +241,11 @@ class OffloadingManager(ABC):
     def on_schedule_end(self) -> None:
         """Called once at the end of each scheduler step."""
 
+    def has_pending_work(self) -> bool:
+        """Whether jobs of the manager's own (cascades, promotions) are in flight;
+        while true, the engine should keep calling `on_schedule_end`."""
+        return False
+
     def reset_cache(self) -> None:
         """Drop every chunk and all state; later completions of old jobs are ignored."""
 

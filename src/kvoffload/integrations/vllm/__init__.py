@@ -1,5 +1,20 @@
-"""vLLM integration: the KV connector loaded with `kv_connector_module_path`.
+"""vLLM integration: `kv_connector="KVOffloadConnector"` with
+`kv_connector_module_path="kvoffload.integrations.vllm"` (see docs/vllm.md).
 
-Placeholder until the connector lands (issue 6); `model_builder` builds the tiny
-local checkpoints its tests and benchmarks run on. See docs/vllm-internals.md.
+The connector class is imported lazily, so that `model_builder` and the rest of
+this package work without importing vLLM.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KVOffloadConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVOffloadConnector":
+        from kvoffload.integrations.vllm.connector import KVOffloadConnector
+
+        return KVOffloadConnector
+    raise AttributeError(name)

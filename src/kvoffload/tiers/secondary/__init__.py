@@ -19,6 +19,7 @@ from kvoffload.tiers.secondary.factory import (
     TIER_TYPES,
     create_secondary_tier,
     create_secondary_tiers,
+    parse_tier_config,
 )
 from kvoffload.tiers.secondary.file_tier import FileTier
 from kvoffload.tiers.secondary.memory import MemoryTier
@@ -41,4 +42,5 @@ __all__ = [
     "create_secondary_tier",
     "create_secondary_tiers",
     "make_fingerprint",
+    "parse_tier_config",
 ]

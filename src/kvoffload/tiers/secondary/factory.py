@@ -15,6 +15,26 @@ from kvoffload.tiers.secondary.config import (
 from kvoffload.worker import ChunkBuffer
 
 TIER_TYPES = ("file", "memory", "redis")
+_CONFIGS: dict[str, type[FileTierConfig | MemoryTierConfig | RedisTierConfig]] = {
+    "file": FileTierConfig,
+    "memory": MemoryTierConfig,
+    "redis": RedisTierConfig,
+}
+
+
+def parse_tier_config(
+    mapping: Mapping[str, Any],
+) -> FileTierConfig | MemoryTierConfig | RedisTierConfig:
+    """Validate a tier's mapping without creating the tier (start-up checks)."""
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"secondary tier: {mapping!r} must be a mapping with a 'type'")
+    config_cls = _CONFIGS.get(mapping.get("type"))  # type: ignore[arg-type]
+    if config_cls is None:
+        raise ValueError(
+            f"type: {mapping.get('type')!r} is not a secondary tier type; "
+            f"expected one of {TIER_TYPES}"
+        )
+    return config_cls.from_mapping(mapping)
 
 
 def create_secondary_tier(

@@ -1,0 +1,144 @@
+"""`kv_connector_extra_config`, validated once at start-up.
+
+The keys of vLLM's own `OffloadingConnector` where they mean the same thing, plus a
+few of kvoffload's. Sizes may be written as `"64GiB"`. An unknown key or a bad
+value raises `ValueError` naming the key, the value and what is allowed, so vLLM
+stops at start-up instead of serving with a misread setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvoffload.config import parse_size
+from kvoffload.policies import get_policy_class, policy_names
+from kvoffload.tiers.secondary import parse_tier_config
+
+KEYS: dict[str, str] = {
+    "cpu_bytes_to_use": "host memory for the primary tier: bytes, or a size like '64GiB' (required)",
+    "block_size": "tokens per chunk (a multiple of the engine block size)",
+    "blocks_per_chunk": "engine blocks per chunk (instead of block_size; default 1)",
+    "eviction_policy": f"eviction policy: one of {policy_names()} or 'module:Class'",
+    "store_threshold": "reuse filter: store a chunk once this many requests saw it (0 or 1: off)",
+    "max_tracker_size": "keys the reuse filter remembers (default 64000)",
+    "offload_prompt_only": "store only prompt chunks (default true)",
+    "secondary_tiers": "list of tiers behind host memory: {'type': 'file', 'path': ..., "
+    "'capacity': ...} or {'type': 'redis', 'url': ...}",
+    "max_defer_s": "longest a request waits for chunks still in flight (default 1.0)",
+}
+
+
+def _int(extra: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
+    value = extra.get(key, default)
+    if type(value) is not int or value < minimum:
+        raise ValueError(
+            f"kv_connector_extra_config[{key!r}]: {value!r} is not an integer >= {minimum}"
+        )
+    return value
+
+
+def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"kv_connector_extra_config[{key!r}]: {value!r} is not true or false"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class KVOffloadSettings:
+    """kvoffload's settings inside vLLM."""
+
+    cpu_bytes_to_use: int
+    chunk_tokens: int | None = None
+    blocks_per_chunk: int | None = None
+    eviction_policy: str = "lru"
+    store_threshold: int = 0
+    max_tracker_size: int = 64_000
+    offload_prompt_only: bool = True
+    secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=())
+    max_defer_s: float = 1.0
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVOffloadSettings:
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(KEYS))
+        if unknown:
+            valid = "\n".join(f"  {key}: {doc}" for key, doc in KEYS.items())
+            raise ValueError(
+                f"kv_connector_extra_config: unknown key(s) {unknown}; valid keys:\n{valid}"
+            )
+        if "cpu_bytes_to_use" not in extra:
+            raise ValueError(
+                "kv_connector_extra_config['cpu_bytes_to_use'] is required: "
+                "host memory for the primary tier, e.g. '16GiB'"
+            )
+        cpu = parse_size(
+            extra["cpu_bytes_to_use"], "kv_connector_extra_config['cpu_bytes_to_use']"
+        )
+        if cpu < 1:
+            raise ValueError(
+                "kv_connector_extra_config['cpu_bytes_to_use'] must be > 0"
+            )
+        if "block_size" in extra and "blocks_per_chunk" in extra:
+            raise ValueError(
+                "kv_connector_extra_config: give block_size (tokens per chunk) or "
+                "blocks_per_chunk, not both"
+            )
+        chunk_tokens = (
+            _int(extra, "block_size", 0, 1) if "block_size" in extra else None
+        )
+        per_chunk = (
+            _int(extra, "blocks_per_chunk", 1, 1)
+            if "blocks_per_chunk" in extra
+            else None
+        )
+        policy = extra.get("eviction_policy", "lru")
+        try:
+            get_policy_class(policy)
+        except ValueError as exc:
+            raise ValueError(
+                f"kv_connector_extra_config['eviction_policy']: {exc}"
+            ) from None
+        tiers = extra.get("secondary_tiers", [])
+        if not isinstance(tiers, Sequence) or isinstance(tiers, str | bytes):
+            raise ValueError(
+                f"kv_connector_extra_config['secondary_tiers']: {tiers!r} is not a list of tier configs"
+            )
+        for i, tier in enumerate(tiers):
+            try:
+                parse_tier_config(tier)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(
+                    f"kv_connector_extra_config['secondary_tiers'][{i}]: {exc}"
+                ) from None
+        defer = extra.get("max_defer_s", 1.0)
+        if not isinstance(defer, int | float) or isinstance(defer, bool) or defer < 0:
+            raise ValueError(
+                f"kv_connector_extra_config['max_defer_s']: {defer!r} is not a number >= 0"
+            )
+        return cls(
+            cpu_bytes_to_use=cpu,
+            chunk_tokens=chunk_tokens,
+            blocks_per_chunk=per_chunk,
+            eviction_policy=policy,
+            store_threshold=_int(extra, "store_threshold", 0, 0),
+            max_tracker_size=_int(extra, "max_tracker_size", 64_000, 1),
+            offload_prompt_only=_bool(extra, "offload_prompt_only", True),
+            secondary_tiers=tuple(dict(t) for t in tiers),
+            max_defer_s=float(defer),
+        )
+
+    def blocks_per_chunk_for(self, engine_block_tokens: int) -> int:
+        """Engine blocks per chunk for a group whose blocks hold that many tokens."""
+        if self.chunk_tokens is None:
+            return self.blocks_per_chunk or 1
+        if self.chunk_tokens % engine_block_tokens:
+            raise ValueError(
+                f"kv_connector_extra_config['block_size']: {self.chunk_tokens} tokens is "
+                f"not a multiple of the engine block size {engine_block_tokens}"
+            )
+        return self.chunk_tokens // engine_block_tokens

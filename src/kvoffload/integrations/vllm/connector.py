@@ -1,0 +1,247 @@
+"""`KVOffloadConnector`: kvoffload as a vLLM KV connector.
+
+    kv_transfer_config={"kv_connector": "KVOffloadConnector",
+                        "kv_connector_module_path": "kvoffload.integrations.vllm",
+                        "kv_role": "kv_both",
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": "16GiB"}}
+
+Thin by design: it parses the configuration once, then dispatches each vLLM hook
+to the scheduler-side or worker-side half, which translate and delegate to
+kvoffload's connector, managers and data plane. Tested on vLLM 0.32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.engine_shape import EngineShape
+from kvoffload.integrations.vllm.messages import (
+    KVOffloadMetadata,
+    KVOffloadWorkerMetadata,
+)
+from kvoffload.integrations.vllm.scheduler_side import SchedulerSide
+from kvoffload.integrations.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
+from kvoffload.integrations.vllm.worker_side import WorkerSide
+from kvoffload.keys import offload_key_block_hash, offload_key_group
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+
+def _tp_rank() -> int:
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
+
+
+class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
+    """Tiered KV offloading (host memory, disk, Redis) behind vLLM's prefix cache."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        assert transfer is not None
+        self._settings = KVOffloadSettings.from_extra_config(
+            transfer.kv_connector_extra_config
+        )
+        shape = EngineShape.from_vllm(vllm_config, kv_cache_config, self._settings)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            events = vllm_config.kv_events_config
+            enable_events = bool(events is not None and events.enable_kv_cache_events)
+            self._scheduler = SchedulerSide(self._settings, shape, enable_events)
+        else:
+            self._worker = WorkerSide(self._settings, shape, _tp_rank())
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a dropped store is a later miss, never lost data
+
+    @property
+    def scheduler_side(self) -> SchedulerSide:
+        assert self._scheduler is not None, "scheduler-side hook called on a worker"
+        return self._scheduler
+
+    @property
+    def worker_side(self) -> WorkerSide:
+        assert self._worker is not None, "worker-side hook called on the scheduler"
+        return self._worker
+
+    # -- worker side -------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self.worker_side.register_kv_caches(kv_caches)
+
+    def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(connector_metadata, KVOffloadMetadata):
+            self.worker_side.bind(connector_metadata.plan)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        assert isinstance(connector_metadata, KVOffloadMetadata)
+        self.worker_side.bind(connector_metadata.plan)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self.worker_side.clear()
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self.worker_side.start_loads()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: their requests are not in the batch
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # stores start after the forward pass, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        self.worker_side.start_stores()
+
+    def get_finished(
+        self, finished_req_ids: set[str]
+    ) -> tuple[set[str] | None, set[str] | None]:
+        done, _ = self.worker_side.take_finished()
+        return None, done
+
+    def get_transfer_results(
+        self, finished_req_ids: set[str]
+    ) -> KVConnectorTransferResults:
+        done, failed = self.worker_side.take_finished()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self.worker_side.take_worker_metadata()
+
+    # -- scheduler side ----------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        self.scheduler_side.on_new_request(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.scheduler_side.get_num_new_matched_tokens(
+            request, num_computed_tokens
+        )
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: Any, num_external_tokens: int
+    ) -> None:
+        self.scheduler_side.update_state_after_alloc(
+            request, blocks, num_external_tokens
+        )
+
+    def build_connector_meta(
+        self, scheduler_output: SchedulerOutput
+    ) -> KVConnectorMetadata:
+        plan = self.scheduler_side.build_step(scheduler_output)
+        self.scheduler_side.on_schedule_end()
+        return KVOffloadMetadata(plan)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        self.scheduler_side.on_worker_results(
+            meta if isinstance(meta, KVOffloadWorkerMetadata) else None
+        )
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler_side.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler_side.request_finished(request)
+
+    def has_pending_push_work(self) -> bool:
+        # Keep the engine stepping while jobs run, so their results (and the
+        # chunks they make readable) arrive even when no request is running.
+        return (
+            self._scheduler is not None and self._scheduler.connector.has_pending_jobs()
+        )
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        for event in self.scheduler_side.take_events():
+            hashes: list[bytes | int] = [offload_key_block_hash(k) for k in event.keys]
+            group = offload_key_group(event.keys[0]) if event.keys else None
+            if event.removed:
+                yield BlockRemoved(
+                    block_hashes=hashes, medium=event.medium.upper(), group_idx=group
+                )
+            else:
+                size = self.scheduler_side.shape.groups[group or 0]
+                yield BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=size.tokens_per_block * size.blocks_per_chunk,
+                    lora_id=None,
+                    medium=event.medium.upper(),
+                    lora_name=None,
+                )
+
+    def reset_cache(self) -> bool | None:
+        return self.scheduler_side.reset_cache()
+
+    # -- both --------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._scheduler is None:
+            return None  # job results reach the scheduler side, which counts
+        return self._scheduler.get_stats()
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return KVOffloadStats(dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return KVOffloadPromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        if self._worker is not None:
+            self._worker.shutdown()

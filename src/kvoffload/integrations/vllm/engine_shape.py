@@ -1,0 +1,130 @@
+"""What kvoffload needs to know about a vLLM engine's KV cache, read once.
+
+From `KVCacheConfig`: the KV-cache groups (engine block size, layers, bytes per
+block per layer), the hash granularity; from `VllmConfig`: the model identity and
+parallelism. Both connector roles derive the same shape, so the scheduler computes
+the same number of host slots as the worker allocates, and the same fingerprint
+names the model and layout in keys, files and Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.tiers.secondary import make_fingerprint
+from kvoffload.worker import GroupGeometry, PoolGeometry
+
+# vLLM's block 0 is the null block: never allocated to a request, used by
+# sliding-window groups for blocks outside the window.
+VLLM_NULL_BLOCK = 0
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """One KV-cache group of the engine."""
+
+    index: int
+    tokens_per_block: int
+    blocks_per_chunk: int
+    layer_names: tuple[str, ...]
+    layer_block_nbytes: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """The engine's KV-cache groups, model identity and parallelism."""
+
+    groups: tuple[GroupShape, ...]
+    num_blocks: int
+    hash_block_tokens: int
+    model: str
+    dtype: str
+    tp_size: int
+    engine_id: str
+
+    @classmethod
+    def from_vllm(
+        cls, vllm_config: Any, kv_cache_config: Any, settings: KVOffloadSettings
+    ) -> EngineShape:
+        groups: list[GroupShape] = []
+        for index, group in enumerate(kv_cache_config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            kind = type(spec).__name__
+            nbytes = getattr(spec, "real_page_size_bytes", None)
+            if nbytes is None or not hasattr(spec, "num_kv_heads"):
+                raise ValueError(
+                    f"kvoffload: KV-cache group {index} is {kind}; only attention "
+                    "groups (full, sliding window) can be offloaded"
+                )
+            groups.append(
+                GroupShape(
+                    index=index,
+                    tokens_per_block=int(spec.block_size),
+                    blocks_per_chunk=settings.blocks_per_chunk_for(
+                        int(spec.block_size)
+                    ),
+                    layer_names=tuple(group.layer_names),
+                    layer_block_nbytes=int(nbytes),
+                    kind=kind,
+                )
+            )
+        if not groups:
+            raise ValueError("kvoffload: the engine has no KV-cache groups to offload")
+        hash_tokens = math.gcd(*(g.tokens_per_block for g in groups))
+        parallel = vllm_config.parallel_config
+        model = vllm_config.model_config
+        transfer = vllm_config.kv_transfer_config
+        return cls(
+            groups=tuple(groups),
+            num_blocks=int(kv_cache_config.num_blocks),
+            hash_block_tokens=hash_tokens,
+            model=f"{model.model}@{getattr(model, 'revision', None) or ''}",
+            dtype=str(model.dtype),
+            tp_size=int(parallel.tensor_parallel_size),
+            engine_id=str(transfer.engine_id),
+        )
+
+    def model_fingerprint(self) -> str:
+        """Names the model and the per-token KV layout in every block hash."""
+        return make_fingerprint(
+            {
+                "model": self.model,
+                "dtype": self.dtype,
+                "groups": [
+                    [
+                        g.kind,
+                        g.tokens_per_block,
+                        len(g.layer_names),
+                        g.layer_block_nbytes,
+                    ]
+                    for g in self.groups
+                ],
+                "tp_size": self.tp_size,
+                "hash": "sha256",
+            }
+        )
+
+    def chunk_fingerprint(self, rank: int) -> str:
+        """Names what one rank's chunk bytes mean (files, Redis keys, headers)."""
+        return make_fingerprint(
+            {
+                "model": self.model_fingerprint(),
+                "blocks_per_chunk": [g.blocks_per_chunk for g in self.groups],
+                "tp_rank": rank,
+            }
+        )
+
+    def pool_geometry(self) -> PoolGeometry:
+        return PoolGeometry.of(
+            GroupGeometry(
+                g.index, len(g.layer_names), g.layer_block_nbytes, g.blocks_per_chunk
+            )
+            for g in self.groups
+        )
+
+    def pool_name(self, rank: int) -> str:
+        return f"kvoffload-{self.engine_id}-r{rank}"

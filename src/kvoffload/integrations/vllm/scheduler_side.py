@@ -1,0 +1,207 @@
+"""The scheduler-side half of the vLLM connector: translate and delegate.
+
+vLLM's requests, block tables and scheduler outputs become kvoffload's
+`RequestInfo`, block ids and `ScheduledRequest`s; the engine-agnostic
+`OffloadConnector` decides; its `StepPlan` goes to the workers as metadata, and
+their job results come back through the worker metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+    StepPlan,
+)
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.engine_shape import VLLM_NULL_BLOCK, EngineShape
+from kvoffload.integrations.vllm.messages import KVOffloadWorkerMetadata
+from kvoffload.integrations.vllm.requests import VllmRequestView
+from kvoffload.integrations.vllm.stats import KVOffloadStats, StatsDelta
+from kvoffload.keys import BlockHasher
+from kvoffload.tiers.base import OffloadingEvent, OffloadingManager
+from kvoffload.tiers.primary import CPUOffloadingManager
+from kvoffload.worker import HostPool
+
+logger = logging.getLogger(__name__)
+
+BlockTable = tuple[tuple[int, ...], ...]
+
+
+def _table(ids: Iterable[Iterable[int] | None]) -> BlockTable:
+    return tuple(tuple(group or ()) for group in ids)
+
+
+def build_manager(
+    settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
+) -> tuple[OffloadingManager, HostPool | None]:
+    """The primary tier, behind a tiering manager when secondary tiers are set.
+
+    Secondary tiers read and write the worker's host pool, attached by name.
+    """
+    geometry = shape.pool_geometry()
+    primary = CPUOffloadingManager(
+        geometry.num_slots_for(settings.cpu_bytes_to_use),
+        settings.eviction_policy,
+        store_threshold=settings.store_threshold,
+        max_tracker_size=settings.max_tracker_size,
+        enable_events=enable_events,
+    )
+    if not settings.secondary_tiers:
+        return primary, None
+    if shape.tp_size != 1:
+        raise ValueError(
+            "kvoffload: secondary_tiers need tensor_parallel_size 1 (each rank "
+            f"holds its own slice of the KV cache); got {shape.tp_size}"
+        )
+    from kvoffload.tiering import create_tiering_manager
+
+    pool = HostPool.attach(shape.pool_name(0), geometry, primary.num_chunks)
+    try:
+        manager = create_tiering_manager(
+            primary, settings.secondary_tiers, pool, shape.chunk_fingerprint(0)
+        )
+    except BaseException:
+        pool.close()
+        raise
+    return manager, pool
+
+
+class SchedulerSide:
+    """Everything the scheduler-role connector does."""
+
+    def __init__(
+        self, settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
+    ):
+        self.shape = shape
+        self.manager, self._pool = build_manager(settings, shape, enable_events)
+        config = ConnectorConfig(
+            groups=tuple(
+                GroupSpec(g.tokens_per_block, g.blocks_per_chunk) for g in shape.groups
+            ),
+            hash_block_tokens=shape.hash_block_tokens,
+            offload_prompt_only=settings.offload_prompt_only,
+            max_defer_s=settings.max_defer_s,
+            world_size=shape.tp_size,
+            null_block_id=VLLM_NULL_BLOCK,
+        )
+        self.connector = OffloadConnector(config, self.manager)
+        self._hasher = BlockHasher(shape.hash_block_tokens)
+        self._fingerprint = shape.model_fingerprint()
+        self._views: dict[str, VllmRequestView] = {}
+        self._local_hit: dict[str, int] = {}
+        self._stats = StatsDelta()
+
+    def _view(self, request: Any) -> VllmRequestView:
+        view = self._views.get(request.request_id)
+        if view is None:
+            view = VllmRequestView(request, self._hasher, self._fingerprint)
+            self._views[request.request_id] = view
+            self.connector.on_new_request(view)
+        return view
+
+    # -- requests ----------------------------------------------------------------
+
+    def on_new_request(self, request: Any) -> None:
+        self._view(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        view = self._view(request)
+        self._local_hit[request.request_id] = num_computed_tokens
+        found = self.connector.get_num_new_matched_tokens(view, num_computed_tokens)
+        if found is None:
+            return None, False
+        # Loads are asynchronous: the request waits (without computing) until its
+        # chunks land, and a failed load is reported for that request alone.
+        return found, found > 0
+
+    def update_state_after_alloc(
+        self, request: Any, blocks: Any, num_external_tokens: int
+    ) -> None:
+        req_id = request.request_id
+        local = self._local_hit.pop(req_id, int(request.num_computed_tokens))
+        self.connector.update_state_after_alloc(
+            req_id, _table(blocks.get_block_ids()), local, num_external_tokens
+        )
+
+    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        req_id = request.request_id
+        self._local_hit.pop(req_id, None)
+        if self._views.pop(req_id, None) is None:
+            return False, None
+        self.connector.request_finished(req_id)
+        # Blocks go back to vLLM at once: reusing one that a store still reads is
+        # fenced in a later step's plan.
+        return False, None
+
+    # -- per step ----------------------------------------------------------------
+
+    def build_step(self, scheduler_output: Any) -> StepPlan:
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+        if preempted:
+            self.connector.on_preempted(preempted)
+        return self.connector.build_step(list(self._scheduled(scheduler_output)))
+
+    def _scheduled(self, out: Any) -> Iterable[ScheduledRequest]:
+        tokens = out.num_scheduled_tokens
+        for new in out.scheduled_new_reqs:
+            yield ScheduledRequest(
+                new.req_id,
+                int(new.num_computed_tokens),
+                int(tokens.get(new.req_id, 0)),
+                _table(new.block_ids),
+                replace_block_ids=True,
+            )
+        cached = out.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+        for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i]
+            yield ScheduledRequest(
+                req_id,
+                int(cached.num_computed_tokens[i]),
+                int(tokens.get(req_id, 0)),
+                _table(new_ids) if new_ids is not None else (),
+                replace_block_ids=req_id in resumed,
+            )
+
+    def on_worker_results(self, meta: KVOffloadWorkerMetadata | None) -> None:
+        if meta is None:
+            return
+        for rank, results in sorted(meta.results.items()):
+            self.connector.on_job_results(results, rank)
+        self.connector.take_load_results()  # the workers report loads to vLLM
+
+    def on_schedule_end(self) -> None:
+        self.connector.on_schedule_end()
+
+    # -- cache-wide --------------------------------------------------------------
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return self.connector.take_events()
+
+    def get_stats(self) -> KVOffloadStats:
+        return self._stats.take(
+            self.connector.get_tier_stats(), self.connector.get_stats()
+        )
+
+    def reset_cache(self) -> bool:
+        self.connector.reset_cache()
+        return True
+
+    def shutdown(self) -> None:
+        try:
+            self.connector.shutdown()
+        finally:
+            if self._pool is not None:
+                self._pool.close()
+
+    def live_requests(self) -> Sequence[str]:
+        return list(self._views)

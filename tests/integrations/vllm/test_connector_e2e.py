@@ -1,0 +1,276 @@
+"""kvoffload inside real vLLM (CPU platform), end to end.
+
+The scenario throughout: request A, then unrelated requests that evict A from the
+device cache (16 usable blocks of 128 tokens), then A again. Outputs are greedy
+and compared token by token with a run without any connector.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvoffload.integrations.vllm.model_builder import BuiltModel, synthetic_text
+from kvoffload.tiers.secondary.redis_server import RedisServer, find_redis_server
+from kvoffload.worker import HostPool
+
+from .conftest import LLMFactory
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 128
+PAGE = 4 * 131072  # one block of all four layers of the tiny model, float32
+DEVICE = {"kv_cache_memory_bytes": 17 * PAGE, "max_num_batched_tokens": 2048}
+A = synthetic_text(250, seed=1)  # 347 tokens: two whole chunks and a tail
+FILLERS = [synthetic_text(240, seed=10 + i) for i in range(8)]
+
+
+def kv_config(engine_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "kv_connector": "KVOffloadConnector",
+        "kv_connector_module_path": "kvoffload.integrations.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": "32MiB", **extra},
+    }
+    if engine_id is not None:
+        config["engine_id"] = engine_id
+    return config
+
+
+def sampling(max_tokens: int = 8, params: dict[str, Any] | None = None) -> Any:
+    from vllm import SamplingParams
+
+    extra = {"kv_transfer_params": params} if params is not None else None
+    return SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra
+    )
+
+
+def run(
+    llm: Any, prompt: str, max_tokens: int = 8, params: dict[str, Any] | None = None
+) -> Any:
+    return llm.generate([prompt], sampling(max_tokens, params), use_tqdm=False)[0]
+
+
+def evict(llm: Any) -> None:
+    for prompt in FILLERS:
+        run(llm, prompt)
+
+
+def tokens(output: Any) -> list[int]:
+    return list(output.outputs[0].token_ids)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: BuiltModel, vllm_in_process: None) -> list[int]:
+    """A's greedy output without any connector."""
+    from vllm import LLM
+
+    llm = LLM(
+        **tiny_model.vllm_args(),
+        enforce_eager=True,
+        max_model_len=2048,
+        seed=0,
+        **DEVICE,
+    )
+    try:
+        first = run(llm, A)
+        evict(llm)
+        again = run(llm, A)
+        assert again.num_cached_tokens == 0, (
+            "without kvoffload nothing survives the fillers"
+        )
+        assert tokens(first) == tokens(again)
+        return tokens(first)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def make(llm_factory: LLMFactory, model: BuiltModel, **kwargs: Any) -> Any:
+    return llm_factory(**model.vllm_args(), **DEVICE, **kwargs)
+
+
+def test_a_evicted_prefix_comes_back_from_host_memory(
+    llm_factory: LLMFactory, tiny_model: BuiltModel, reference: list[int]
+) -> None:
+    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
+    first = run(llm, A)
+    evict(llm)
+    again = run(llm, A)
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens == 2 * BLOCK
+    assert tokens(first) == tokens(again) == reference
+
+
+def test_corrupted_host_bytes_change_the_output(
+    llm_factory: LLMFactory, tiny_model: BuiltModel, reference: list[int]
+) -> None:
+    """Negative control: the loaded bytes are what the engine computes with."""
+    engine_id = f"test-{uuid.uuid4().hex[:8]}"
+    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config(engine_id))
+    run(llm, A)
+    evict(llm)
+    pool = HostPool.attach(f"kvoffload-{engine_id}-r0")
+    try:
+        pool.array[:] = np.random.default_rng(0).integers(
+            0, 255, pool.array.shape, np.uint8
+        )
+    finally:
+        pool.close()
+    again = run(llm, A)
+    assert again.num_cached_tokens == 2 * BLOCK
+    assert tokens(again) != reference
+
+
+def test_file_tier_serves_a_new_engine_on_the_same_directory(
+    llm_factory: LLMFactory,
+    tiny_model: BuiltModel,
+    reference: list[int],
+    tmp_path: Path,
+) -> None:
+    tiers = [{"type": "file", "path": str(tmp_path / "kv"), "capacity": "64MiB"}]
+    first_engine = make(
+        llm_factory, tiny_model, kv_transfer_config=kv_config(secondary_tiers=tiers)
+    )
+    run(first_engine, A)
+    evict(first_engine)  # steps enough for A's chunks to reach the disk
+    first_engine.llm_engine.engine_core.shutdown()
+    assert any((tmp_path / "kv").rglob("*")), "chunk files were written"
+
+    restarted = make(
+        llm_factory, tiny_model, kv_transfer_config=kv_config(secondary_tiers=tiers)
+    )
+    again = run(restarted, A)
+    assert again.num_cached_tokens == 2 * BLOCK
+    assert tokens(again) == reference
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Any:
+    if find_redis_server() is None:
+        pytest.skip(
+            "redis-server not found (Debian package redis-server; `make test` installs it)"
+        )
+    with RedisServer(str(tmp_path)) as server:
+        yield server.url
+
+
+def test_redis_tier_serves_a_prefix_evicted_from_host_memory(
+    llm_factory: LLMFactory,
+    tiny_model: BuiltModel,
+    reference: list[int],
+    redis_url: str,
+) -> None:
+    """Host memory holds only 4 chunks: the fillers evict A there too, and A
+    comes back from Redis (promoted into host memory, then loaded)."""
+    config = kv_config(
+        secondary_tiers=[{"type": "redis", "url": redis_url}], cpu_bytes_to_use=4 * PAGE
+    )
+    llm = make(llm_factory, tiny_model, kv_transfer_config=config)
+    run(llm, A)
+    evict(llm)
+    again = run(llm, A)
+    assert again.num_cached_tokens == 2 * BLOCK
+    assert tokens(again) == reference
+
+
+@pytest.mark.parametrize(
+    ("value", "cached", "warns"),
+    [
+        (BLOCK, BLOCK, False),
+        (0, 0, False),
+        ("128", 2 * BLOCK, True),
+        (-5, 2 * BLOCK, True),
+    ],
+)
+def test_max_offload_tokens_through_kv_transfer_params(
+    llm_factory: LLMFactory,
+    tiny_model: BuiltModel,
+    reference: list[int],
+    caplog: pytest.LogCaptureFixture,
+    value: object,
+    cached: int,
+    warns: bool,
+) -> None:
+    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        run(llm, A, params={"max_offload_tokens": value})
+    warnings = [
+        r.getMessage() for r in caplog.records if "max_offload_tokens" in r.getMessage()
+    ]
+    assert bool(warnings) == warns
+    evict(llm)
+    again = run(llm, A)
+    assert again.num_cached_tokens == cached
+    assert tokens(again) == reference
+
+
+def _stored_chunks(llm: Any) -> float:
+    return sum(
+        metric.value
+        for metric in llm.get_metrics()
+        if metric.name == "vllm:kvoffload_chunks_stored"
+        and metric.labels.get("tier") == "cpu"
+    )
+
+
+@pytest.mark.parametrize(("prompt_only", "expected"), [(True, 2), (False, 5)])
+def test_offload_prompt_only(
+    llm_factory: LLMFactory, tiny_model: BuiltModel, prompt_only: bool, expected: int
+) -> None:
+    """A's 347-token prompt fills 2 chunks; with 300 generated tokens the KV of
+    646 tokens is computed: 5 chunks."""
+    llm = make(
+        llm_factory,
+        tiny_model,
+        kv_transfer_config=kv_config(offload_prompt_only=prompt_only),
+    )
+    run(llm, A, max_tokens=300)
+    run(
+        llm, "hello", max_tokens=1
+    )  # more steps deliver the last results; stores nothing
+    assert _stored_chunks(llm) == expected
+
+
+def test_unknown_config_key_stops_start_up(
+    llm_factory: LLMFactory, tiny_model: BuiltModel
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"(?s)unknown key\(s\) \['cpu_bytes'\].*cpu_bytes_to_use"
+    ):
+        make(llm_factory, tiny_model, kv_transfer_config=kv_config(cpu_bytes="1GiB"))
+
+
+def test_stats_reach_vllm_metrics(
+    llm_factory: LLMFactory, tiny_model: BuiltModel, reference: list[int]
+) -> None:
+    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
+    run(llm, A)
+    evict(llm)
+    run(llm, A)
+    metrics = {(m.name, m.labels.get("tier")): m for m in llm.get_metrics()}
+    assert metrics[("vllm:kvoffload_hit_tokens", "connector")].value == 2 * BLOCK
+    assert metrics[("vllm:kvoffload_chunks_loaded", "cpu")].value == 2
+    assert metrics[("vllm:kvoffload_chunks_stored", "cpu")].value >= 2
+    assert metrics[("vllm:kvoffload_capacity", "cpu")].value == 32 * 2**20 // PAGE
+
+
+def test_hybrid_model_with_two_kv_cache_groups(
+    llm_factory: LLMFactory, tiny_hybrid_model: BuiltModel
+) -> None:
+    """Sliding-window and full-attention groups; the window's null blocks are
+    never touched, and the output matches a run without the connector."""
+    plain = make(llm_factory, tiny_hybrid_model)
+    expected = tokens(run(plain, A))
+    plain.llm_engine.engine_core.shutdown()
+    llm = make(llm_factory, tiny_hybrid_model, kv_transfer_config=kv_config())
+    first = run(llm, A)
+    evict(llm)
+    again = run(llm, A)
+    assert tokens(first) == tokens(again) == expected
+    assert again.num_cached_tokens == 2 * BLOCK
