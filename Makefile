@@ -40,8 +40,8 @@ demo: $(CORE_STAMP)
 	$(BIN)/kvoffload demo $(if $(TRACE),--trace $(TRACE)) $(DEMO_ARGS)
 
 lint: $(CORE_STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 typecheck: $(CORE_STAMP)
 	$(BIN)/mypy src
