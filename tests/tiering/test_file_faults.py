@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload import LookupResult, PrefixLookup, ReqContext
-from kvoffload.tiers.secondary import codec
+from kvoffload.tiers.secondary.file_io import chunk_file_size
 from tests.tiering.tiering_support import (
     FINGERPRINT,
     SLOT,
@@ -72,7 +72,7 @@ def test_restart_finds_the_previous_runs_chunks(tmp_path: Path) -> None:
 def test_capacity_of_a_few_chunks_keeps_the_most_recent(tmp_path: Path) -> None:
     """Scenario: capacity for three chunk files, six chunks stored: the disk never
     holds more than three, the newest three hit after a restart, the rest miss."""
-    size = codec.header_size(36, FINGERPRINT) + SLOT
+    size = chunk_file_size(36, FINGERPRINT, SLOT)
     for i in range(1, 7):
         stored_through_tier(tmp_path, [i], capacity=3 * size)
     files = [f for f in chunk_files(tmp_path) if f.endswith(".kvc")]
@@ -108,18 +108,18 @@ def test_disk_full_write_errors_fail_the_store_and_serving_continues(
     """Scenario: every write from the tier's threads hits ENOSPC partway: the
     stores fail and are counted, the chunks stay readable in the primary tier,
     no partial file is left, and once space returns stores succeed."""
-    real_writev = os.writev
+    real_pwritev = os.pwritev
     disk_full = threading.Event()
     disk_full.set()
 
-    def writev(fd: int, buffers: list[memoryview]) -> int:
+    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
         on_tier_thread = threading.current_thread().name.startswith("kvoffload-")
         if disk_full.is_set() and on_tier_thread:
-            real_writev(fd, buffers[:1])  # the header goes in, then space runs out
+            real_pwritev(fd, buffers[:1], offset)  # the header goes in, then no space
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_writev(fd, buffers)
+        return real_pwritev(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     m, engine, _ = file_engine(tmp_path)
     m.on_new_request(W)
     engine.store(keys(1, 2), W)
@@ -256,13 +256,13 @@ tier.submit_store(TierJob(0, (key(0),), (0,), ctx))
 tier.drain()
 assert tier.get_finished_jobs()[0].success
 
-real_writev = os.writev
-def stalled_writev(fd, buffers):
+real_pwritev = os.pwritev
+def stalled_pwritev(fd, buffers, offset):
     header, body = buffers[0], buffers[-1]
-    real_writev(fd, [header, body[: len(body) // 2]])
+    real_pwritev(fd, [header, body[: len(body) // 2]], offset)
     open(marker, "w").close()
     time.sleep(600)
-os.writev = stalled_writev
+os.pwritev = stalled_pwritev
 buf.slot_view(1)[:] = payload(key(1), 65536)
 tier.submit_store(TierJob(1, (key(1),), (1,), ctx))
 time.sleep(600)

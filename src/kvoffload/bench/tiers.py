@@ -1,22 +1,23 @@
 """Benchmark of the secondary tiers: file and Redis GB/s against plain I/O.
 
-`python -m kvoffload.bench tiers [--json] [--dir PATH] [--empty]` stores chunks from
-a host buffer into a file tier and loads them back (from the first submit to the
-last result), and next to it writes and reads the same bytes as one plain
-sequential file on the same file system, runs alternating. By default the tier is
-full, as a cache is in steady state (every store evicts, reusing the evicted
-file), and the plain file is written over in place; `--empty` measures new files
-against a new plain file. Both read right after writing, from a warm page cache:
-this measures the tier's costs (headers, checksums, a file per chunk, renames,
-threads) over the file system's, not the disk. The Redis tier is measured the same
-way against a throwaway `redis-server` on loopback, next to plain pipelined
-SET/MGET of the same bytes.
+`python -m kvoffload.bench tiers [--json] [--dir PATH] [--empty] [--page-cache]`
+stores chunks from a host buffer into a file tier and loads them back (first submit
+to last result); in the same run, alternating, the same bytes are written and read
+as one plain sequential file (the headline baseline) and as one plain file per
+chunk. By default every write phase ends when its bytes are on the disk (`syncfs`,
+timed) and every read phase starts from a cold page cache (each file's pages
+dropped first, untimed); `--page-cache` skips both and measures against memory.
+The tier is full by default (every store evicts and reuses the evicted file; the
+plain files are written over in place); `--empty` writes new files on every side.
+The Redis tier is measured against a throwaway `redis-server` on loopback, next
+to plain pipelined SET/MGET of the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -38,16 +39,21 @@ from kvoffload.tiers.secondary import (
     RedisTierConfig,
     SecondaryTier,
     TierJob,
-    codec,
 )
+from kvoffload.tiers.secondary.file_io import chunk_file_size
 
 _MIB = 1 << 20
 _CTX = ReqContext("bench")
 _FINGERPRINT = "bench"
+_SIDES = ("tier", "plain", "per_file")
 
 
 @dataclass(frozen=True)
 class Row:
+    """One direction at one chunk size. `ratio` is tier / plain sequential (the
+    headline), `ratio_min`/`ratio_max` its spread over the runs; `per_file_*` is
+    the plain one-file-per-chunk baseline (file tier only)."""
+
     tier: str
     direction: str
     chunk_kib: int
@@ -56,6 +62,10 @@ class Row:
     gbps: float
     plain_gbps: float
     ratio: float
+    ratio_min: float
+    ratio_max: float
+    per_file_gbps: float | None = None
+    per_file_ratio: float | None = None
 
 
 def main(argv: list[str]) -> int:
@@ -64,12 +74,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--dir", default=None, help="where to write (default: a temp dir)"
     )
-    parser.add_argument("--sizes", default="256,2048,8192", help="chunk sizes in KiB")
-    parser.add_argument("--total-mib", type=int, default=256, help="bytes per run")
+    parser.add_argument(
+        "--sizes", default="256,2048,8192,32768", help="chunk sizes in KiB"
+    )
+    parser.add_argument("--total-mib", type=int, default=512, help="bytes per run")
     parser.add_argument("--job-chunks", type=int, default=16, help="chunks per job")
     parser.add_argument("--threads", type=int, default=4, help="file tier I/O threads")
     parser.add_argument(
         "--empty", action="store_true", help="file tier never full (new files only)"
+    )
+    parser.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="no flush after writes, warm reads: the tier's costs over memory",
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--redis-mib", type=int, default=128, help="0 skips Redis")
@@ -91,6 +108,55 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+class _Disk:
+    """Puts every side in the same state before a timed phase.
+
+    Disk mode (`cold`): a write phase starts with nothing dirty on the file system
+    (untimed `syncfs`) and ends when its bytes are on the disk (timed `syncfs`,
+    the same call for every side); a read phase starts with its files' pages
+    dropped from the page cache (untimed). Otherwise phases are timed as they are.
+    """
+
+    def __init__(self, root: str, cold: bool) -> None:
+        self._root = root
+        self.cold = cold
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syncfs: Callable[[int], int] | None = getattr(libc, "syncfs", None)
+
+    def sync(self) -> None:
+        if self._syncfs is None:
+            os.sync()
+            return
+        fd = os.open(self._root, os.O_RDONLY)
+        try:
+            if self._syncfs(fd) != 0:
+                raise OSError(ctypes.get_errno(), "syncfs failed")
+        finally:
+            os.close(fd)
+
+    def timed_write(self, write: Callable[[], object]) -> float:
+        if self.cold:
+            self.sync()
+        start = time.perf_counter()
+        write()
+        if self.cold:
+            self.sync()
+        return time.perf_counter() - start
+
+    def timed_read(self, read: Callable[[], object], paths: Iterable[str]) -> float:
+        if self.cold:
+            self.sync()  # pages must be clean to be dropped
+            for path in paths:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        start = time.perf_counter()
+        read()
+        return time.perf_counter() - start
+
+
 def _filled_buffer(chunk_nbytes: int, total: int) -> ArrayChunkBuffer:
     chunks = max(1, total // chunk_nbytes)
     buf = ArrayChunkBuffer(2 * chunks, chunk_nbytes)
@@ -110,10 +176,9 @@ def _keys(n: int, run: int) -> list[OffloadKey]:
 
 
 def _run_jobs(tier: SecondaryTier, store: bool, ks: Sequence[OffloadKey],
-              slots: Sequence[int], job_chunks: int) -> float:  # fmt: skip
-    """Seconds from the first submit to the last result; every job must succeed."""
+              slots: Sequence[int], job_chunks: int) -> None:  # fmt: skip
+    """Submit every job at once and wait for all; every job must succeed."""
     submit = tier.submit_store if store else tier.submit_load
-    start = time.perf_counter()
     for job_id, i in enumerate(range(0, len(ks), job_chunks)):
         submit(
             TierJob(
@@ -124,39 +189,29 @@ def _run_jobs(tier: SecondaryTier, store: bool, ks: Sequence[OffloadKey],
             )
         )
     tier.drain()
-    elapsed = time.perf_counter() - start
     failed = [r for r in tier.get_finished_jobs() if not r.success]
     if failed:
         raise RuntimeError(f"{tier.name}: {len(failed)} benchmark jobs failed")
-    return elapsed
 
 
-def _plain_file(
-    path: str, buf: ArrayChunkBuffer, n: int, overwrite: bool
-) -> tuple[float, float]:
-    """Seconds to write then read the same chunks as one sequential file.
+def _write_file(path: str, views: Iterable[memoryview], truncate: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else 0))
+    try:
+        for view in views:
+            while view:
+                view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
-    With `overwrite` the file is kept between runs and written over in place, as
-    a full tier writes over the files of the chunks it evicts; else it is new.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | (0 if overwrite else os.O_TRUNC)
-    start = time.perf_counter()
-    fd = os.open(path, flags, 0o644)
-    for slot in range(n):
-        view = buf.slot_view(slot)
-        while view:
-            view = view[os.write(fd, view) :]
-    os.close(fd)
-    write_s = time.perf_counter() - start
-    start = time.perf_counter()
+
+def _read_file(path: str, views: Iterable[memoryview]) -> None:
     fd = os.open(path, os.O_RDONLY)
-    for slot in range(n):
-        os.readv(fd, [buf.slot_view(n + slot)])
-    os.close(fd)
-    read_s = time.perf_counter() - start
-    if not overwrite:
-        os.unlink(path)
-    return write_s, read_s
+    try:
+        for view in views:
+            if os.readv(fd, [view]) != len(view):
+                raise RuntimeError(f"{path}: short read")
+    finally:
+        os.close(fd)
 
 
 def _file_rows(
@@ -164,42 +219,80 @@ def _file_rows(
 ) -> list[Row]:
     buf = _filled_buffer(chunk_nbytes, total)
     n = buf.num_slots // 2
-    times: dict[str, list[float]] = {k: [] for k in ("tw", "tr", "pw", "pr")}
+    sources = [buf.slot_view(i) for i in range(n)]
+    targets = [buf.slot_view(n + i) for i in range(n)]
+    disk = _Disk(root, cold=not args.page_cache)
+    times: dict[str, list[float]] = {f"{s}/{d}": [] for s in _SIDES for d in "wr"}
     directory = os.path.join(root, f"file-{chunk_nbytes}")
-    file_size = codec.header_size(36, _FINGERPRINT) + chunk_nbytes
+    file_size = chunk_file_size(36, _FINGERPRINT, chunk_nbytes)
     # Full (the steady state of a cache: every store evicts), or never full.
     capacity = ((args.repeats + 1) if args.empty else 1) * n * file_size
     tier = FileTier(
         FileTierConfig(directory, capacity, num_threads=args.threads), buf, _FINGERPRINT
     )
+    plain = os.path.join(root, "plain")
+    per_file = os.path.join(root, "per-file")
+    os.makedirs(per_file, exist_ok=True)
+    per_file_paths = [os.path.join(per_file, f"{i}.chunk") for i in range(n)]
+
+    def record(side: str, run: int, write_s: float, read_s: float) -> None:
+        for i in range(n):
+            if targets[i] != sources[i]:
+                raise RuntimeError(f"{side}: chunk {i} read back different bytes")
+            targets[i][:8] = bytes(8)  # the next side must fill it again
+        if run >= 0:
+            times[f"{side}/w"].append(write_s)
+            times[f"{side}/r"].append(read_s)
 
     def tier_run(run: int) -> None:
         ks = _keys(n, run + 1)
-        write_s = _run_jobs(tier, True, ks, range(n), args.job_chunks)
-        read_s = _run_jobs(tier, False, ks, range(n, 2 * n), args.job_chunks)
-        if any(
-            bytes(buf.slot_view(i)) != bytes(buf.slot_view(n + i)) for i in range(n)
-        ):
-            raise RuntimeError("file tier loaded different bytes")
-        if run >= 0:
-            times["tw"].append(write_s)
-            times["tr"].append(read_s)
+        write_s = disk.timed_write(
+            lambda: _run_jobs(tier, True, ks, range(n), args.job_chunks)
+        )
+        read_s = disk.timed_read(
+            lambda: _run_jobs(tier, False, ks, range(n, 2 * n), args.job_chunks),
+            [tier.chunk_path(k) for k in ks],
+        )  # fmt: skip
+        record("tier", run, write_s, read_s)
 
     def plain_run(run: int) -> None:
-        plain = os.path.join(root, "plain")
-        write_s, read_s = _plain_file(plain, buf, n, overwrite=not args.empty)
-        if run >= 0:
-            times["pw"].append(write_s)
-            times["pr"].append(read_s)
+        write_s = disk.timed_write(lambda: _write_file(plain, sources, args.empty))
+        read_s = disk.timed_read(lambda: _read_file(plain, targets), [plain])
+        record("plain", run, write_s, read_s)
+
+    def per_file_run(run: int) -> None:
+        def write() -> None:
+            for path, source in zip(per_file_paths, sources, strict=True):
+                _write_file(path, [source], args.empty)
+
+        def read() -> None:
+            for path, target in zip(per_file_paths, targets, strict=True):
+                _read_file(path, [target])
+
+        write_s = disk.timed_write(write)
+        read_s = disk.timed_read(read, per_file_paths)
+        record("per_file", run, write_s, read_s)
+
+    def remove_new_files() -> None:
+        if args.empty:  # the next run creates them again
+            for path in (plain, *per_file_paths):
+                os.unlink(path)
 
     try:
-        tier_run(-1)  # warm-up: creates directories; fills the tier unless --empty
-        plain_run(-1)
-        _interleave(tier_run, plain_run, args.repeats)
+        for side in (tier_run, plain_run, per_file_run):  # warm-up: create files
+            side(-1)
+        remove_new_files()
+        for run in range(args.repeats):
+            # Rotate which side goes first, so drift on a shared machine hits all.
+            sides = [tier_run, plain_run, per_file_run]
+            for side in sides[run % 3 :] + sides[: run % 3]:
+                side(run)
+            remove_new_files()
     finally:
         tier.shutdown()
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(root, "plain"))
+            os.unlink(plain)
+        shutil.rmtree(per_file, ignore_errors=True)
     return _rows("file", chunk_nbytes, n, times)
 
 
@@ -213,23 +306,41 @@ def _interleave(
         second(run)
 
 
+def _ratios(mine: list[float], other: list[float]) -> list[float]:
+    """Per-run speed ratios (each run pairs a tier time with the baseline's)."""
+    return [o / m for m, o in zip(mine, other, strict=True)]
+
+
 def _rows(
     tier: str, chunk_nbytes: int, n: int, times: dict[str, list[float]]
 ) -> list[Row]:
-    """GB/s are medians over the runs; the ratio is the median of per-run ratios
-    (each run pairs a tier measurement with the plain one next to it)."""
+    """GB/s are medians over the runs; ratios are medians of per-run ratios."""
     nbytes = n * chunk_nbytes
     out = []
-    for direction, mine, plain in (("write", "tw", "pw"), ("read", "tr", "pr")):
-        gbps = nbytes / statistics.median(times[mine]) / 1e9
-        plain_gbps = nbytes / statistics.median(times[plain]) / 1e9
-        ratio = statistics.median(
-            p / m for m, p in zip(times[mine], times[plain], strict=True)
-        )
+    for direction, d in (("write", "w"), ("read", "r")):
+        mine = times[f"tier/{d}"]
+        ratios = _ratios(mine, times[f"plain/{d}"])
+        per_file = times.get(f"per_file/{d}")
         out.append(
-            Row(tier, direction, chunk_nbytes >> 10, n, round(nbytes / _MIB, 1),
-                round(gbps, 2), round(plain_gbps, 2), round(ratio, 3))
-        )  # fmt: skip
+            Row(
+                tier,
+                direction,
+                chunk_nbytes >> 10,
+                n,
+                round(nbytes / _MIB, 1),
+                round(nbytes / statistics.median(mine) / 1e9, 2),
+                round(nbytes / statistics.median(times[f"plain/{d}"]) / 1e9, 2),
+                round(statistics.median(ratios), 3),
+                round(min(ratios), 3),
+                round(max(ratios), 3),
+                None
+                if not per_file
+                else round(nbytes / statistics.median(per_file) / 1e9, 2),
+                None
+                if not per_file
+                else round(statistics.median(_ratios(mine, per_file)), 3),
+            )
+        )
     return out
 
 
@@ -247,16 +358,22 @@ def _redis_rows(total: int, root: str, args: argparse.Namespace) -> list[Row]:
     n = buf.num_slots // 2
     server = RedisServer(root)
     server.start()
-    times: dict[str, list[float]] = {k: [] for k in ("tw", "tr", "pw", "pr")}
+    times: dict[str, list[float]] = {
+        f"{s}/{d}": [] for s in ("tier", "plain") for d in "wr"
+    }
 
     def tier_run(run: int) -> None:
         config = RedisTierConfig(server.url, timeout_s=30.0)
         tier = RedisTier(config, buf, _FINGERPRINT)
         ks = _keys(n, run)
         try:
-            times["tw"].append(_run_jobs(tier, True, ks, range(n), args.job_chunks))
-            times["tr"].append(
-                _run_jobs(tier, False, ks, range(n, 2 * n), args.job_chunks)
+            times["tier/w"].append(
+                _timed(lambda: _run_jobs(tier, True, ks, range(n), args.job_chunks))
+            )
+            times["tier/r"].append(
+                _timed(
+                    lambda: _run_jobs(tier, False, ks, range(n, 2 * n), args.job_chunks)
+                )
             )
         finally:
             tier.shutdown()
@@ -264,8 +381,8 @@ def _redis_rows(total: int, root: str, args: argparse.Namespace) -> list[Row]:
 
     def plain_run(run: int) -> None:
         write_s, read_s = _plain_redis(server.url, buf, n, args.job_chunks)
-        times["pw"].append(write_s)
-        times["pr"].append(read_s)
+        times["plain/w"].append(write_s)
+        times["plain/r"].append(read_s)
 
     try:
         _interleave(tier_run, plain_run, args.repeats)
@@ -311,16 +428,30 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def _print_table(rows: list[Row], args: argparse.Namespace, root: str) -> None:
+    mode = (
+        "page cache: no flush after writes, warm reads"
+        if args.page_cache
+        else "disk: writes end with syncfs, reads start cold"
+    )
+    fill = "never full (new files)" if args.empty else "full (evicted files reused)"
     print(
-        f"tiers: file tier ({args.threads} threads) vs one plain sequential file in "
-        f"{os.path.dirname(root)}; Redis tier vs plain pipelined SET/MGET on loopback; "
-        f"{args.job_chunks} chunks per job, median of {args.repeats}, page cache warm"
+        f"tiers: file tier ({args.threads} threads, {fill}) vs one plain sequential "
+        f"file and vs one plain file per chunk, in {os.path.dirname(root)}; {mode}; "
+        f"Redis tier vs plain pipelined SET/MGET on loopback; {args.job_chunks} "
+        f"chunks per job; medians of {args.repeats} runs, ratio min-max over runs"
     )
     print(
-        f"{'tier':>6} {'dir':>6} {'chunk':>9} {'MiB':>7} {'GB/s':>7} {'plain GB/s':>11} {'ratio':>6}"
+        f"{'tier':>6} {'dir':>6} {'chunk':>9} {'MiB':>6} {'GB/s':>6} {'plain':>6} "
+        f"{'ratio':>6} {'(min-max)':>11} {'per-file':>8} {'ratio':>6}"
     )
     for r in rows:
+        per_file = (
+            f"{r.per_file_gbps:>8.2f} {r.per_file_ratio:>6.2f}"
+            if r.per_file_gbps is not None and r.per_file_ratio is not None
+            else f"{'-':>8} {'-':>6}"
+        )
         print(
-            f"{r.tier:>6} {r.direction:>6} {r.chunk_kib:>5} KiB {r.mib:>7.0f} "
-            f"{r.gbps:>7.2f} {r.plain_gbps:>11.2f} {r.ratio:>6.2f}"
+            f"{r.tier:>6} {r.direction:>6} {r.chunk_kib:>5} KiB {r.mib:>6.0f} "
+            f"{r.gbps:>6.2f} {r.plain_gbps:>6.2f} {r.ratio:>6.2f} "
+            f"{f'({r.ratio_min:.2f}-{r.ratio_max:.2f})':>11} {per_file}"
         )

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from kvoffload import LookupResult
-from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig, codec
+from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
+from kvoffload.tiers.secondary.file_io import chunk_file_size
 from tests.tiers.secondary.secondary_support import (
     CTX,
     FINGERPRINT,
@@ -18,7 +19,7 @@ from tests.tiers.secondary.secondary_support import (
     resolve,
 )
 
-FILE_SIZE = codec.header_size(36, FINGERPRINT) + GROUPS[0]
+FILE_SIZE = chunk_file_size(36, FINGERPRINT, GROUPS[0])
 
 
 def tier_at(
@@ -149,7 +150,7 @@ def test_evicted_file_of_another_size_is_deleted_not_reused(
     """Scenario: a full tier holds a group-0 and a group-1 chunk (different sizes);
     a new group-1 chunk evicts the group-0 one: its file goes, both group-1
     chunks load intact, and the bytes on disk stay within capacity."""
-    small = codec.header_size(36, FINGERPRINT) + GROUPS[1]
+    small = chunk_file_size(36, FINGERPRINT, GROUPS[1])
     tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE + small)
     jobs = Jobs(tier)
     big_key, old, new = key(1), key(2, group=1), key(3, group=1)

@@ -3,19 +3,26 @@
 Layout: `<root>/<fingerprint>/<abc>/<key hex>.kvc`, where `abc` are the first three
 hex digits of the key: keys are hashes, so 4,096 evenly filled directories (2,500
 files each at ten million chunks), few enough that creating them costs little. A
-file is written under a temporary name and renamed into place, so a chunk file is
-either absent or complete. These functions run on I/O threads and
-raise `OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
+file is the header, zero padding to the next 4 KiB, then the payload, written
+under a temporary name and renamed into place, so a chunk file is either absent or
+complete. Payloads move with direct I/O when their length and host address are
+4 KiB-aligned (see `ChunkFiles`). These functions run on I/O threads and raise
+`OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Iterator
 from typing import NamedTuple
+
+import numpy as np
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.secondary.codec import (
@@ -32,13 +39,26 @@ logger = logging.getLogger(__name__)
 
 CHUNK_SUFFIX = ".kvc"
 TMP_SUFFIX = ".tmp"
+ALIGN = 4096
+"""Payload offset, and the alignment direct I/O needs of lengths and addresses."""
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 class ScannedFile(NamedTuple):
     key: OffloadKey
     size: int
     mtime: float
+
+
+def payload_offset(key_len: int, fingerprint: str) -> int:
+    """Where the payload starts in a chunk file: the header rounded up to 4 KiB."""
+    return -(-header_size(key_len, fingerprint) // ALIGN) * ALIGN
+
+
+def chunk_file_size(key_len: int, fingerprint: str, payload_len: int) -> int:
+    """Bytes of the file of a chunk with `payload_len` bytes of payload."""
+    return payload_offset(key_len, fingerprint) + payload_len
 
 
 def _advance(views: list[memoryview], n: int) -> list[memoryview]:
@@ -54,18 +74,23 @@ def _advance(views: list[memoryview], n: int) -> list[memoryview]:
 
 
 def _write_all(fd: int, buffers: list[memoryview]) -> None:
-    """Write every buffer in order, with as few system calls as the kernel allows."""
+    """Write every buffer in order from offset 0, in as few calls as the kernel allows."""
     views = [b for b in buffers if len(b)]
+    offset = 0
     while views:
-        views = _advance(views, os.writev(fd, views))
+        n = os.pwritev(fd, views, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        offset += n
+        views = _advance(views, n)
 
 
 def _read_all(fd: int, buffers: list[memoryview]) -> int:
-    """Fill the buffers in order until they are full or the file ends."""
+    """Fill the buffers in order from offset 0 until they are full or the file ends."""
     views = [b for b in buffers if len(b)]
     total = 0
     while views:
-        got = os.readv(fd, views)
+        got = os.preadv(fd, views, total)
         if got == 0:
             break
         total += got
@@ -73,21 +98,90 @@ def _read_all(fd: int, buffers: list[memoryview]) -> int:
     return total
 
 
-class ChunkFiles:
-    """Reads and writes the chunk files of one fingerprint under `root`."""
+def _is_aligned(view: memoryview) -> bool:
+    address = int(np.frombuffer(view, np.uint8).ctypes.data)
+    return address % ALIGN == 0 and len(view) % ALIGN == 0
 
-    def __init__(self, root: str, fingerprint: str, fsync: bool = False) -> None:
+
+def _set_direct(fd: int, on: bool) -> None:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    flags = (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+class _HeaderPages(threading.local):
+    """Per I/O thread: a page-aligned buffer for the padded header (an anonymous
+    map is page-aligned), as direct I/O needs; one per size, reused."""
+
+    def __init__(self) -> None:
+        self.pages: dict[int, memoryview] = {}
+
+    def get(self, size: int) -> memoryview:
+        page = self.pages.get(size)
+        if page is None:
+            page = self.pages[size] = memoryview(mmap.mmap(-1, size))
+        return page
+
+
+class ChunkFiles:
+    """Reads and writes the chunk files of one fingerprint under `root`.
+
+    With `direct` (the default), a payload whose length and host address are
+    4 KiB-aligned is written and read with `O_DIRECT`: one request per chunk
+    straight between the host slot and the disk, no page-cache copy, no dirty
+    pages to flush later and no second copy of cached chunks in RAM (the host
+    pool is the memory tier). Other payloads, and file systems that refuse
+    direct I/O (`EINVAL`, after which it stays off), use the page cache.
+    """
+
+    def __init__(
+        self, root: str, fingerprint: str, fsync: bool = False, direct: bool = True
+    ) -> None:
         self.fingerprint = fingerprint
         self.directory = os.path.join(root, fingerprint)
         self._fsync = fsync
+        self._direct = direct and bool(_O_DIRECT)
+        self._pages = _HeaderPages()
         os.makedirs(self.directory, exist_ok=True)
+
+    @property
+    def direct(self) -> bool:
+        """Whether aligned payloads still use direct I/O."""
+        return self._direct
 
     def path(self, key: OffloadKey) -> str:
         name = key.hex()
         return os.path.join(self.directory, name[:3], name + CHUNK_SUFFIX)
 
     def file_size(self, key: OffloadKey, payload_len: int) -> int:
-        return header_size(len(key), self.fingerprint) + payload_len
+        return chunk_file_size(len(key), self.fingerprint, payload_len)
+
+    def _header_page(self, key: OffloadKey, header: bytes) -> memoryview:
+        page = self._pages.get(payload_offset(len(key), self.fingerprint))
+        page[: len(header)] = header
+        page[len(header) :] = bytes(len(page) - len(header))
+        return page
+
+    def _use_direct(self, payload: memoryview) -> bool:
+        return self._direct and _is_aligned(payload)
+
+    def _direct_refused(self, fd: int, exc: OSError) -> bool:
+        """Whether `exc` is the file system refusing direct I/O on `fd`; if so,
+        direct I/O is off from now on and `fd` is back on the page cache."""
+        if exc.errno != errno.EINVAL:
+            return False
+        self._no_direct(exc)
+        _set_direct(fd, False)
+        return True
+
+    def _no_direct(self, exc: OSError) -> None:
+        if self._direct:
+            self._direct = False
+            logger.warning(
+                "%s: direct I/O refused (%s); using the page cache from now on",
+                self.directory,
+                exc,
+            )
 
     def write(
         self, key: OffloadKey, payload: memoryview, recycle: OffloadKey | None = None
@@ -100,18 +194,25 @@ class ChunkFiles:
         the cost of a new file. The evicted chunk vanishes at that rename.
         """
         path = self.path(key)
-        header = encode_header(
-            key, self.fingerprint, len(payload), payload_checksum(payload)
-        )
+        data = payload.cast("B")
+        header = encode_header(key, self.fingerprint, len(data), payload_checksum(data))
+        buffers = [self._header_page(key, header), data]
+        size = sum(len(b) for b in buffers)
+        direct = self._use_direct(data)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
-        fd = self._reuse(recycle, tmp) if recycle is not None else None
+        fd = self._reuse(recycle, tmp, direct) if recycle is not None else None
         if fd is None:
-            fd = self._create(tmp)
+            fd = self._create(tmp, direct)
         try:
             try:
-                _write_all(fd, [memoryview(header), payload.cast("B")])
-                if recycle is not None:
-                    os.ftruncate(fd, len(header) + len(payload))
+                if os.fstat(fd).st_size != size:
+                    os.ftruncate(fd, size)
+                try:
+                    _write_all(fd, buffers)
+                except OSError as exc:
+                    if not (direct and self._direct_refused(fd, exc)):
+                        raise
+                    _write_all(fd, buffers)
                 if self._fsync:
                     os.fsync(fd)
             finally:
@@ -121,17 +222,28 @@ class ChunkFiles:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return len(payload)
+        return len(data)
 
-    def _create(self, tmp: str) -> int:
+    def _create(self, tmp: str, direct: bool) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
+        if direct:
+            try:
+                return self._open_creating_dirs(tmp, flags | _O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._no_direct(exc)
+        return self._open_creating_dirs(tmp, flags)
+
+    @staticmethod
+    def _open_creating_dirs(tmp: str, flags: int) -> int:
         try:
             return os.open(tmp, flags, 0o644)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(tmp), exist_ok=True)
             return os.open(tmp, flags, 0o644)
 
-    def _reuse(self, victim: OffloadKey, tmp: str) -> int | None:
+    def _reuse(self, victim: OffloadKey, tmp: str, direct: bool) -> int | None:
         """The evicted chunk's file, renamed to `tmp` and open for writing."""
         source = self.path(victim)
         try:
@@ -146,7 +258,7 @@ class ChunkFiles:
             self.delete(victim)
             return None
         try:
-            return os.open(tmp, os.O_WRONLY | _O_CLOEXEC)
+            return os.open(tmp, os.O_WRONLY | _O_CLOEXEC | (_O_DIRECT if direct else 0))
         except OSError:
             return None  # `_create` truncates it
 
@@ -156,20 +268,27 @@ class ChunkFiles:
         `len(dest)` is the expected payload length. Raises `CorruptChunkError` for
         a file that fails any check (the caller deletes it).
         """
-        head_len = header_size(len(key), self.fingerprint)
-        head, beyond = bytearray(head_len), bytearray(1)
         payload = dest.cast("B")
-        fd = os.open(self.path(key), os.O_RDONLY | _O_CLOEXEC)
+        head = self._pages.get(payload_offset(len(key), self.fingerprint))
+        expected = len(head) + len(payload)
+        direct = self._use_direct(payload)
+        flags = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECT if direct else 0)
+        fd = os.open(self.path(key), flags)
         try:
-            # One readv for header and payload; a byte past them means a longer file.
-            got = _read_all(fd, [memoryview(head), payload, memoryview(beyond)])
+            size = os.fstat(fd).st_size
+            if size != expected:
+                raise CorruptChunkError(f"file has {size} bytes, expected {expected}")
+            try:
+                got = _read_all(fd, [head, payload])
+            except OSError as exc:
+                if not (direct and self._direct_refused(fd, exc)):
+                    raise
+                got = _read_all(fd, [head, payload])
         finally:
             os.close(fd)
-        expected = head_len + len(payload)
         if got != expected:
-            size = f"more than {expected}" if got > expected else str(got)
-            raise CorruptChunkError(f"file has {size} bytes, expected {expected}")
-        header = decode_header(memoryview(head))
+            raise CorruptChunkError(f"file has {got} bytes, expected {expected}")
+        header = decode_header(head)
         check_header(header, key, self.fingerprint, len(payload))
         check_payload(header, payload)
         return len(payload)
