@@ -1,4 +1,4 @@
-"""Eviction policies, registered by name (`lru`, `arc`, ...)."""
+"""Eviction policies, registered by name (`lru`, `arc`, `split`, ...)."""
 
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.policies.base import (
@@ -10,12 +10,14 @@ from kvoffload.policies.base import (
     register_policy,
 )
 from kvoffload.policies.lru import LRUPolicy
+from kvoffload.policies.split_lru import SplitLRUPolicy
 
 __all__ = [
     "ARCPolicy",
     "Evictable",
     "EvictionPolicy",
     "LRUPolicy",
+    "SplitLRUPolicy",
     "create_policy",
     "get_policy_class",
     "policy_names",

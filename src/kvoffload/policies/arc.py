@@ -75,12 +75,18 @@ class ARCPolicy(EvictionPolicy):
         p = self._p
         b1, b2 = len(self._b1), len(self._b2)
         last_in_b2 = False
-        for key in incoming:
+        # Textbook steps, delta = max(1, |B2| // |B1|), with the ghost lists
+        # shrinking as each key leaves them. Integer division reproduces the
+        # reference ARC of traces/README.md to 0.001 (real division: 0.143
+        # instead of 0.150 at 5,859 chunks).
+        for key in reversed(incoming):  # the order a tail-first replay sees them
             if key in self._b1:
-                p = min(float(self.capacity), p + max(b2 / b1, 1.0))
+                p = min(float(self.capacity), p + max(b2 // max(b1, 1), 1))
+                b1 -= 1
                 last_in_b2 = False
             elif key in self._b2:
-                p = max(0.0, p - max(b1 / b2, 1.0))
+                p = max(0.0, p - max(b1 // max(b2, 1), 1))
+                b2 -= 1
                 last_in_b2 = True
         if n <= 0:
             self._p = p

@@ -1,0 +1,231 @@
+"""Split LRU: chunks seen by one request and reused chunks, in two LRU segments
+whose split follows the hit rates their ghosts show.
+
+Most prefix chunks of a chat trace are seen once; those a second request reuses are
+likely to be reused again. The policy keeps the two kinds apart and learns online
+how much room each deserves (`SplitController`), remembering evicted and unstored
+keys in a `GhostHistory` about two caches long, so it recognises reuse farther back
+than the cache itself reaches. It also learns whether a request's last chunk (in a
+replay, often a partial block that the next turn rewrites) is reused as often as the
+rest, and if not, stores it at the cold end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence, Set
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
+from kvoffload.policies.ghosts import (
+    ONCE,
+    REUSED,
+    SEEN,
+    STREAM,
+    TAIL,
+    GhostHistory,
+    SplitController,
+    stamp,
+)
+
+# The last chunk of a request is demoted only after this many tails were seen:
+# below it the reuse-rate comparison is noise.
+_MIN_TAILS = 32
+
+
+def _first_evictable(
+    keys: Iterator[OffloadKey], n: int, evictable: Evictable
+) -> list[OffloadKey]:
+    """Up to `n` keys from `keys` (oldest first) that `evictable` accepts."""
+    out: list[OffloadKey] = []
+    if n <= 0:
+        return out
+    for key in keys:
+        if evictable(key):
+            out.append(key)
+            if len(out) == n:
+                break
+    return out
+
+
+@register_policy("split")
+class SplitLRUPolicy(EvictionPolicy):
+    """Once-seen and reused chunks in two LRU segments with a learned split.
+
+    Eviction takes from the once segment while it is above its target size, else
+    from the reused segment (each oldest first, skipping what `evictable` refuses).
+    A chunk moves to the reused segment when another request touches it, or when it
+    is stored again soon after an eviction (a near miss, as in ARC), or when it
+    returns from the history no later than the reused segment keeps its own chunks:
+    reuse at a distance the segment cannot hold would only push out chunks it can.
+
+    Sizes, in multiples of the capacity `c`: ghost history `2c` keys (a key costs
+    about a hundred bytes, a chunk megabytes); near misses count up to `c/2`
+    evictions back. The split starts at `c/2`, moves at most `c/16` every 32
+    requests that had near misses (`SplitController`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        # key -> stamp (last access time and origin, see `ghosts.stamp`)
+        self._once: OrderedDict[OffloadKey, int] = OrderedDict()
+        self._reused: OrderedDict[OffloadKey, int] = OrderedDict()
+        self._window = max(1, capacity // 2)
+        self._ghosts = GhostHistory(max(2, 3 * capacity), self._window)
+        self._control = SplitController(capacity, self._window)
+        # Chunks touched so far, from 1 (a stamp is never 0): the clock of ages.
+        self._now = 1
+        self._stamp_once = stamp(1, ONCE)
+        # Reuse counts of once-seen chunks, tails apart: [stored, reused] each.
+        self._tail_stats = [0.0, 0.0]
+        self._once_stats = [0.0, 0.0]
+
+    @property
+    def target_once(self) -> float:
+        """The learned target size of the once segment."""
+        return self._control.target
+
+    def __len__(self) -> int:
+        return len(self._once) + len(self._reused)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._once or key in self._reused
+
+    # -- arrivals ------------------------------------------------------------------
+
+    def insert(self, key: OffloadKey) -> None:
+        # GhostHistory.pop, inlined: this runs for every stored chunk, and most
+        # are new (membership tests are cheaper than failed pops).
+        ghosts = self._ghosts
+        if key in ghosts.young:
+            remembered = ghosts.young.pop(key)
+        elif key in ghosts.old:
+            remembered = ghosts.old.pop(key)
+        else:
+            self._once[key] = self._stamp_once
+            return
+        if self._returning(remembered):
+            self._reused[key] = self._now << 2 | REUSED
+        else:
+            self._once[key] = self._stamp_once
+
+    def _returning(self, key_stamp: int) -> bool:
+        """Learn from a remembered key seen again; True if it counts as reused."""
+        origin = key_stamp & 3
+        if origin == TAIL:
+            self._tail_stats[1] += 1.0
+        elif origin == ONCE:
+            self._once_stats[1] += 1.0
+        if origin != SEEN:
+            distance = self._ghosts.distance(key_stamp)
+            if distance is not None and distance <= self._window:
+                self._control.near_miss(STREAM[origin], distance)
+                return True
+        reused = self._reused
+        if not reused:
+            return True
+        # Reused no later than the reused segment's oldest chunk was last used.
+        return key_stamp >> 2 >= next(iter(reused.values())) >> 2
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._once.pop(key, None) is None:
+            self._reused.pop(key, None)
+
+    # -- recency -------------------------------------------------------------------
+
+    def touch(
+        self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
+    ) -> None:
+        if not keys:
+            return
+        now = self._now = self._now + len(keys)
+        now_reused = now << 2 | REUSED  # stamp(now, REUSED), inlined
+        self._stamp_once = now << 2 | ONCE
+        once, reused = self._once, self._reused
+        once_to_end, reused_to_end = once.move_to_end, reused.move_to_end
+        stored_once = tail_reused = once_reused = 0
+        for key in reversed(keys):
+            if key in once:
+                if key in new:
+                    once_to_end(key)
+                    stored_once += 1
+                    continue
+                if once.pop(key) & 3 == TAIL:
+                    tail_reused += 1
+                else:
+                    once_reused += 1
+                reused[key] = now_reused
+            elif key in reused:
+                reused_to_end(key)
+                reused[key] = now_reused
+            else:  # not stored: remember that a request saw it
+                remembered = self._ghosts.pop(key)
+                if remembered is not None:
+                    self._returning(remembered)
+                self._ghosts.add_seen(key, now)
+        self._tail_stats[1] += tail_reused
+        self._once_stats[0] += stored_once
+        self._once_stats[1] += once_reused
+        tail = keys[-1]
+        if tail in new and tail in once:
+            self._store_tail(tail, now)
+        self._control.end_request(self._ghosts)
+
+    def _store_tail(self, tail: OffloadKey, now: int) -> None:
+        """Tag the request's last chunk; demote it if tails are reused less."""
+        once = self._once
+        once[tail] = stamp(now, TAIL)
+        tail_stats, once_stats = self._tail_stats, self._once_stats
+        tail_stats[0] += 1.0
+        if tail_stats[0] >= _MIN_TAILS:
+            # Stores count tails too (reuses do not): take them out.
+            tail_rate = tail_stats[1] / tail_stats[0]
+            others = once_stats[0] - tail_stats[0]
+            if others > 0 and tail_rate < once_stats[1] / others:
+                once.move_to_end(tail, last=False)
+        if once_stats[0] > self._ghosts.size:  # follow about one history length
+            for stats in (tail_stats, once_stats):
+                stats[0] *= 0.5
+                stats[1] *= 0.5
+
+    # -- eviction ------------------------------------------------------------------
+
+    def evict(
+        self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        if n <= 0:
+            return []
+        once, reused = self._once, self._reused
+        # Take from the once segment while it is above its target, then from the
+        # reused one; when one runs out of evictable chunks, the other makes up.
+        want_once = min(n, max(0, len(once) - math.floor(self._control.target)))
+        from_once = iter(once)
+        victims_once = _first_evictable(from_once, want_once, evictable)
+        want_reused = n - len(victims_once)
+        victims_reused = (
+            _first_evictable(iter(reused), want_reused, evictable)
+            if want_reused
+            else []
+        )
+        short = want_reused - len(victims_reused)
+        if short:
+            more = _first_evictable(from_once, short, evictable)
+            if len(more) < short:
+                return None  # nothing changed yet
+            victims_once += more
+        if victims_once:
+            self._ghosts.add_evicted(victims_once, once, ONCE)
+        if victims_reused:
+            self._ghosts.add_evicted(victims_reused, reused, REUSED)
+        return victims_once + victims_reused
+
+    def clear(self) -> None:
+        self._once.clear()
+        self._reused.clear()
+        self._ghosts.clear()
+        self._control.clear()
+        self._now = 1
+        self._stamp_once = stamp(1, ONCE)
+        self._tail_stats = [0.0, 0.0]
+        self._once_stats = [0.0, 0.0]
