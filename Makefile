@@ -43,7 +43,7 @@ lint: $(CORE_STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
-typecheck: $(CORE_STAMP)
+typecheck: $(VLLM_STAMP)
 	$(BIN)/mypy src
 
 pytest: $(VLLM_STAMP) redis-server
