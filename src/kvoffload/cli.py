@@ -13,7 +13,7 @@ from kvoffload.replay.cli import add_replay_arguments, replay_main
 # The reference table's capacities (512-token chunks) for the bundled trace.
 TRACE_CAPACITIES = [1000, 2000, 5859, 10000, 20000, 50000]
 # kvoffload's best policy for prefix caches; see docs/policies.md.
-BEST_POLICY = "arc"
+BEST_POLICY = "split"
 
 
 def _demo_argv(args: argparse.Namespace) -> list[str]:

@@ -4,7 +4,7 @@ whose split follows the hit rates their ghosts show.
 Most prefix chunks of a chat trace are seen once; those a second request reuses are
 likely to be reused again. The policy keeps the two kinds apart and learns online
 how much room each deserves (`SplitController`), remembering evicted and unstored
-keys in a `GhostHistory` about two caches long, so it recognises reuse farther back
+keys in a `GhostHistory` about three caches long, so it recognises reuse farther back
 than the cache itself reaches. It also learns whether a request's last chunk (in a
 replay, often a partial block that the next turn rewrites) is reused as often as the
 rest, and if not, stores it at the cold end.
@@ -60,9 +60,9 @@ class SplitLRUPolicy(EvictionPolicy):
     returns from the history no later than the reused segment keeps its own chunks:
     reuse at a distance the segment cannot hold would only push out chunks it can.
 
-    Sizes, in multiples of the capacity `c`: ghost history `2c` keys (a key costs
+    Sizes, in multiples of the capacity `c`: ghost history `3c` keys (a key costs
     about a hundred bytes, a chunk megabytes); near misses count up to `c/2`
-    evictions back. The split starts at `c/2`, moves at most `c/16` every 32
+    evictions back. The split starts at `c/2` and moves by at most `c/32` every 4
     requests that had near misses (`SplitController`).
     """
 
