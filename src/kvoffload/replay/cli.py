@@ -28,9 +28,10 @@ from kvoffload.replay.generators import (
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, load_mooncake
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
+from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
 from kvoffload.replay.workload import Workload
 
-WORKLOADS = ("chat-agents", "reasoning")
+WORKLOADS = ("chat-agents", "reasoning", *SYNTHETIC_WORKLOADS)
 DEFAULT_TARGET_LOAD = 0.5
 
 
@@ -55,7 +56,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--capacity-tokens", type=int, nargs="+", help="host tier capacities in tokens"
     )
     parser.add_argument(
-        "--chunk-tokens", type=int, help="tokens per chunk (512 for Mooncake traces)"
+        "--chunk-tokens",
+        type=int,
+        help="tokens per chunk (512 for Mooncake traces and synth-* workloads)",
     )
     parser.add_argument(
         "--device-tokens",
@@ -137,7 +140,9 @@ def _load(args: argparse.Namespace, scale: float) -> Workload:
     if args.trace:
         return load_mooncake(args.trace, args.partial_block, args.limit, scale)
     name = args.workload or "chat-agents"
-    if name == "reasoning":
+    if name in SYNTHETIC_WORKLOADS:
+        w = synthetic(name, args.seed, scale)
+    elif name == "reasoning":
         spec = ReasoningSpec() if args.seed is None else ReasoningSpec(seed=args.seed)
         w = reasoning(
             replace(
@@ -157,7 +162,13 @@ def _load(args: argparse.Namespace, scale: float) -> Workload:
             )
         )
     if args.limit is not None:
-        w = Workload(w.name, w.requests[: args.limit], w.hash_block_tokens)
+        actual = w.actual_prompt_tokens
+        w = Workload(
+            w.name,
+            w.requests[: args.limit],
+            w.hash_block_tokens,
+            None if actual is None else actual[: args.limit],
+        )
     return w
 
 
@@ -198,8 +209,9 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     else:
         scale = float(args.time_scale)
     workload = _load(args, scale)
+    block_format = args.trace or args.workload in SYNTHETIC_WORKLOADS
     chunk = args.chunk_tokens or (
-        MOONCAKE_BLOCK_TOKENS if args.trace else 16 * workload.hash_block_tokens
+        MOONCAKE_BLOCK_TOKENS if block_format else 16 * workload.hash_block_tokens
     )
     capacities = _capacities(args, workload, chunk)
     prompt_only = {"on": [True], "off": [False], "both": [True, False]}[
