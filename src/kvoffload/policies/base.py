@@ -53,6 +53,11 @@ class EvictionPolicy(ABC):
     def insert(self, key: OffloadKey) -> None:
         """Add a chunk that was not resident."""
 
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        """`insert` each key, in order (policies may do it in one pass)."""
+        for key in keys:
+            self.insert(key)
+
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
         """Drop a chunk (a failed store, say); unknown keys are ignored."""

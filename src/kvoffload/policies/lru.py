@@ -26,6 +26,9 @@ class LRUPolicy(EvictionPolicy):
     def insert(self, key: OffloadKey) -> None:
         self._order[key] = None
 
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        self._order.update(dict.fromkeys(keys))
+
     def remove(self, key: OffloadKey) -> None:
         self._order.pop(key, None)
 

@@ -110,6 +110,17 @@ class SplitLRUPolicy(EvictionPolicy):
         else:
             self._once[key] = self._stamp_once
 
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        # `insert` for a batch, in one loop: this runs for every stored chunk.
+        young, old = self._ghosts.young, self._ghosts.old
+        once = self._once
+        stamp_once = self._stamp_once
+        for key in keys:
+            if key in young or key in old:
+                self.insert(key)
+            else:
+                once[key] = stamp_once
+
     def _returning(self, key_stamp: int) -> bool:
         """Learn from a remembered key seen again; True if it counts as reused."""
         origin = key_stamp & 3

@@ -186,12 +186,10 @@ class CPUOffloadingManager(OffloadingManager):
         if victims is None:
             self._stats.store_skipped += len(new)
             return None
-        for key in victims:
-            self._free.append(slots.pop(key))
+        self._free.extend(map(slots.pop, victims))
         new_slots = self._allocate(len(new))
-        for key, slot in zip(new, new_slots, strict=True):
-            slots[key] = slot
-            self._policy.insert(key)
+        slots.update(zip(new, new_slots, strict=True))
+        self._policy.insert_many(new)
         writing.update(new)
         self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
         self._stats.evictions += len(victims)
@@ -217,8 +215,11 @@ class CPUOffloadingManager(OffloadingManager):
         fresh = min(n, self._num_chunks - self._next_fresh)
         out = list(range(self._next_fresh, self._next_fresh + fresh))
         self._next_fresh += fresh
-        for _ in range(n - fresh):
-            out.append(self._free.pop())
+        reused = n - fresh
+        if reused:
+            free = self._free
+            out += free[-reused:]
+            del free[-reused:]
         return out
 
     def complete_store(
