@@ -235,3 +235,28 @@ def test_the_null_block_is_never_loaded_into_or_stored_from() -> None:
     connector.update_state_after_alloc("B", [[0, 0, 3, 4, 5, 6]], 8, 16)
     (load,) = connector.build_step([]).loads
     assert load.groups[0].engine_blocks == (3, 4, 5, 6)
+
+
+def test_after_a_failed_load_the_request_recomputes_instead_of_retrying() -> None:
+    """Scenario: vLLM (kv_load_failure_policy="recompute") asks again after a
+    failed load; the connector answers 0 rather than loading the same chunks again."""
+    connector, _, _, hasher = _lookup_harness()
+    tokens = list(range(40))
+    a = _sim("A", tokens, hasher)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [list(range(10))], 0, 0)
+    (store,) = connector.build_step([ScheduledRequest("A", 0, 40)]).stores
+    connector.on_job_results([JobResult(store.job_id, True)])
+    connector.request_finished("A")
+    b = _sim("B", tokens, hasher)
+    connector.on_new_request(b)
+    assert connector.get_num_new_matched_tokens(b, 0) == 36
+    connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
+    (load,) = connector.build_step([]).loads
+    connector.on_job_results([JobResult(load.job_id, False)])
+    assert connector.take_load_results() == ([], ["B"])
+    assert connector.get_num_new_matched_tokens(b, 0) == 0
+    c = _sim("C", tokens, hasher)  # another request still gets the chunks
+    connector.on_new_request(c)
+    assert connector.get_num_new_matched_tokens(c, 0) == 36

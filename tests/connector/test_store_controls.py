@@ -113,3 +113,20 @@ def test_keys_and_cursors_are_tracked_per_group(async_scheduling: bool) -> None:
     by_group = {g.group: g for g in load.groups}
     assert len(by_group[0].engine_blocks) == 24 // 4
     assert len(by_group[1].engine_blocks) == 24 // 8
+
+
+def test_when_all_new_chunks_do_not_fit_the_head_is_stored(
+    async_scheduling: bool,
+) -> None:
+    """Scenario: a 10-chunk prompt computed in one step, a host tier of 4 chunks:
+    the head of the prefix goes in (as much as fits), not nothing."""
+    h = Harness(async_scheduling=async_scheduling, host_chunks=4)
+    prompt = h.tokens(10 * CHUNK)
+    h.run(h.request("A", prompt))
+    offered = h.manager.offered["A"]
+    assert 0 < len(offered) <= 4
+    from kvoffload.keys import chunk_keys
+
+    expected_head = chunk_keys(h.hasher.hash_blocks(prompt), 3, 0)[: len(offered)]
+    assert offered == expected_head
+    assert h.connector.get_stats().store_skipped > 0

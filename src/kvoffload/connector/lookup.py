@@ -45,7 +45,7 @@ class LookupPlanner:
     ) -> int | None:
         """Tokens to load past `num_computed_tokens`, or `None` to be asked again."""
         cap = state.ctx.params.max_load_tokens
-        if cap == 0 or not self._all_offloaded:
+        if cap == 0 or not self._all_offloaded or state.load_failed:
             return 0
         state.refresh_keys()
         hit_end: int | None = None

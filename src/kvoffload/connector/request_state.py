@@ -59,6 +59,8 @@ class RequestState:
     hit_tokens: int = 0
     """Tokens the engine started from at first schedule (its own hit plus loads)."""
     deferred_since: float | None = None
+    load_failed: bool = False
+    """A load for this request failed: it recomputes, and loads nothing more."""
     cursors_started: bool = False
     prefix_touched: bool = False
     finished: bool = False

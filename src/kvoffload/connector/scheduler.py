@@ -219,6 +219,19 @@ class OffloadConnector:
         if not chunks:
             return None
         prepared = self.manager.prepare_store([g.keys[c] for g, c in chunks], state.ctx)
+        while prepared is None and len(chunks) > 1:
+            # No room for all of them: the head of the prefix is worth the most,
+            # so try the chunks ending in the first half of the span.
+            ends = sorted({(c + 1) * g.tokens_per_chunk for g, c in chunks})
+            half = ends[(len(ends) - 1) // 2]
+            head = [(g, c) for g, c in chunks if (c + 1) * g.tokens_per_chunk <= half]
+            if len(head) == len(chunks):
+                break
+            self._stats.store_skipped += len(chunks) - len(head)
+            chunks = head
+            prepared = self.manager.prepare_store(
+                [g.keys[c] for g, c in chunks], state.ctx
+            )
         if prepared is None:
             self._stats.store_skipped += len(chunks)
             return None  # cursors stay: offered again next step
@@ -286,6 +299,9 @@ class OffloadConnector:
                     record.request_id,
                 )
                 self._failed_loading.append(record.request_id)
+                if state is not None:
+                    # Retrying could fail the same way forever: recompute instead.
+                    state.load_failed = True
             if state is not None and state.load_job == record.job_id:
                 state.load_job = None
         else:
