@@ -274,3 +274,35 @@ def test_hybrid_model_with_two_kv_cache_groups(
     again = run(llm, A)
     assert tokens(first) == tokens(again) == expected
     assert again.num_cached_tokens == 2 * BLOCK
+
+
+def test_a_failed_load_recomputes_and_serving_continues(
+    llm_factory: LLMFactory,
+    tiny_model: BuiltModel,
+    reference: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every host-to-device copy fails: A is recomputed (same output, no error),
+    once, and the engine keeps serving."""
+    from kvoffload.worker import JobResult, TransferDirection
+    from kvoffload.worker.cpu_worker import CpuTransferWorker
+
+    original = CpuTransferWorker._execute
+    failures: list[int] = []
+
+    def failing(self: CpuTransferWorker, job: Any, ticket: object) -> Any:
+        if job.direction is TransferDirection.LOAD:
+            failures.append(job.job_id)
+            return JobResult(job.job_id, success=False)
+        return original(self, job, ticket)
+
+    monkeypatch.setattr(CpuTransferWorker, "_execute", failing)
+    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
+    run(llm, A)
+    evict(llm)
+    again = run(llm, A)
+    assert again.outputs[0].finish_reason == "length"
+    assert tokens(again) == reference
+    assert len(failures) == 1, "the failed load is not retried"
+    fresh = run(llm, synthetic_text(240, seed=99))  # nothing to load: unaffected
+    assert fresh.outputs[0].finish_reason == "length" and len(failures) == 1

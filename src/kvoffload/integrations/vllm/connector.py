@@ -12,6 +12,7 @@ kvoffload's connector, managers and data plane. Tested on vLLM 0.32.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,21 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+logger = logging.getLogger(__name__)
+
+
+def _follow_vllm_logging() -> None:
+    """kvoffload's log records go where vLLM's go, in vLLM's format and level."""
+    ours = logging.getLogger("kvoffload")
+    if ours.handlers:
+        return
+    theirs = logging.getLogger("vllm")
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = not theirs.handlers
+
+
 def _tp_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -67,8 +83,14 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         kv_cache_config: KVCacheConfig,
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        _follow_vllm_logging()
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None
+        if transfer.kv_load_failure_policy != "recompute":
+            # A failed load of a cached prefix is a cache miss: the request
+            # recomputes it (vLLM's default, "fail", would fail the request).
+            logger.info("kvoffload: kv_load_failure_policy set to 'recompute'")
+            transfer.kv_load_failure_policy = "recompute"
         self._settings = KVOffloadSettings.from_extra_config(
             transfer.kv_connector_extra_config
         )

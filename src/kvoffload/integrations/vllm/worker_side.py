@@ -9,6 +9,7 @@ scheduler side (worker metadata).
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from kvoffload.connector import StepPlan
@@ -18,6 +19,8 @@ from kvoffload.integrations.vllm.messages import KVOffloadWorkerMetadata
 from kvoffload.worker import HostPool, JobResult, TransferWorker
 
 logger = logging.getLogger(__name__)
+
+_CPU_SWITCH_INTERVAL_S = 0.0005
 
 
 class WorkerSide:
@@ -50,12 +53,17 @@ class WorkerSide:
             )
             for g in self._shape.groups
         ]
-        _, self._pool, self._worker = create_data_plane(
+        layout, self._pool, self._worker = create_data_plane(
             kv_caches,
             specs,
             self._settings.cpu_bytes_to_use,
             pool_name=self._shape.pool_name(self._rank),
         )
+        if layout.device == "cpu":
+            # The copy thread takes the GIL back after every copy; with the engine
+            # thread busy in Python that wait is the switch interval (5 ms by
+            # default) each time, which would dwarf the copies themselves.
+            sys.setswitchinterval(min(sys.getswitchinterval(), _CPU_SWITCH_INTERVAL_S))
         logger.info(
             "kvoffload: host pool %s with %d chunk slots of %d bytes",
             self._shape.pool_name(self._rank),
