@@ -1,6 +1,7 @@
 """Benchmark of the secondary tiers: file and Redis GB/s against plain I/O.
 
-`python -m kvoffload.bench tiers [--json] [--dir PATH] [--empty] [--page-cache]`
+`python -m kvoffload.bench tiers [--json] [--dir PATH] [--empty] [--page-cache]
+[--huge-pages]`
 stores chunks from a host buffer into a file tier and loads them back (first submit
 to last result); in the same run, alternating, the same bytes are written and read
 as one plain sequential file (the headline baseline) and as one plain file per
@@ -10,7 +11,9 @@ dropped first, untimed); `--page-cache` skips both and measures against memory.
 The tier is full by default (every store evicts and reuses the evicted file; the
 plain files are written over in place); `--empty` writes new files on every side.
 The Redis tier is measured against a throwaway `redis-server` on loopback, next
-to plain pipelined SET/MGET of the same bytes.
+to plain pipelined SET/MGET of the same bytes. Host slots are shared anonymous
+memory in 4 KiB pages, as the worker's host pool is; `--huge-pages` puts them in
+transparent huge pages instead (fewer, larger segments per direct I/O request).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import statistics
@@ -41,6 +45,7 @@ from kvoffload.tiers.secondary import (
     TierJob,
 )
 from kvoffload.tiers.secondary.file_io import chunk_file_size
+from kvoffload.worker import ChunkBuffer
 
 _MIB = 1 << 20
 _CTX = ReqContext("bench")
@@ -87,6 +92,11 @@ def main(argv: list[str]) -> int:
         "--page-cache",
         action="store_true",
         help="no flush after writes, warm reads: the tier's costs over memory",
+    )
+    parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="host slots in transparent huge pages (default: 4 KiB shared pages)",
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--redis-mib", type=int, default=128, help="0 skips Redis")
@@ -157,9 +167,34 @@ class _Disk:
         return time.perf_counter() - start
 
 
-def _filled_buffer(chunk_nbytes: int, total: int) -> ArrayChunkBuffer:
+class _HugePageBuffer:
+    """A `ChunkBuffer` in private anonymous memory advised to use huge pages."""
+
+    def __init__(self, num_slots: int, slot_nbytes: int) -> None:
+        self.num_slots = num_slots
+        self.slot_nbytes = slot_nbytes
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        self._mem = mmap.mmap(-1, num_slots * slot_nbytes, flags=flags)
+        self._mem.madvise(mmap.MADV_HUGEPAGE)
+        self._view = memoryview(self._mem)
+
+    def chunk_nbytes(self, group: int) -> int:
+        return self.slot_nbytes
+
+    def slot_view(self, slot: int) -> memoryview:
+        start = slot * self.slot_nbytes
+        return self._view[start : start + self.slot_nbytes]
+
+
+def _filled_buffer(
+    chunk_nbytes: int, total: int, huge_pages: bool = False
+) -> ChunkBuffer:
     chunks = max(1, total // chunk_nbytes)
-    buf = ArrayChunkBuffer(2 * chunks, chunk_nbytes)
+    buf: ChunkBuffer = (
+        _HugePageBuffer(2 * chunks, chunk_nbytes)
+        if huge_pages
+        else ArrayChunkBuffer(2 * chunks, chunk_nbytes)
+    )
     noise = np.random.default_rng(0).integers(0, 256, chunk_nbytes, dtype=np.uint8)
     for slot in range(chunks):
         buf.slot_view(slot)[:] = noise.tobytes()
@@ -217,7 +252,7 @@ def _read_file(path: str, views: Iterable[memoryview]) -> None:
 def _file_rows(
     chunk_nbytes: int, total: int, root: str, args: argparse.Namespace
 ) -> list[Row]:
-    buf = _filled_buffer(chunk_nbytes, total)
+    buf = _filled_buffer(chunk_nbytes, total, args.huge_pages)
     n = buf.num_slots // 2
     sources = [buf.slot_view(i) for i in range(n)]
     targets = [buf.slot_view(n + i) for i in range(n)]
@@ -391,9 +426,7 @@ def _redis_rows(total: int, root: str, args: argparse.Namespace) -> list[Row]:
     return _rows("redis", chunk_nbytes, n, times)
 
 
-def _plain_redis(
-    url: str, buf: ArrayChunkBuffer, n: int, batch: int
-) -> tuple[float, float]:
+def _plain_redis(url: str, buf: ChunkBuffer, n: int, batch: int) -> tuple[float, float]:
     """Pipelined SET then MGET of the raw chunks, one connection, then FLUSHALL."""
     import redis
 
@@ -408,9 +441,7 @@ def _plain_redis(
     return write_s, read_s
 
 
-def _plain_sets(
-    client: object, names: list[str], buf: ArrayChunkBuffer, batch: int
-) -> None:
+def _plain_sets(client: object, names: list[str], buf: ChunkBuffer, batch: int) -> None:
     import redis
 
     assert isinstance(client, redis.Redis)
