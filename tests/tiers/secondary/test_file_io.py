@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig, codec
+from kvoffload.tiers.secondary import (
+    ArrayChunkBuffer,
+    FileTier,
+    FileTierConfig,
+    codec,
+    file_io,
+)
 from kvoffload.tiers.secondary.file_io import (
     ALIGN,
     ChunkFiles,
@@ -140,6 +146,8 @@ def test_file_system_refusing_direct_io_falls_back_to_the_page_cache(
     first read or write): that chunk and every later one go through the page
     cache, the bytes are right, and one warning says so."""
     files = ChunkFiles(str(tmp_path), FINGERPRINT)
+    if not files.direct:
+        pytest.skip("no direct I/O on this file system to begin with")
     if refuses == "open":
         real_open = os.open
 
@@ -195,3 +203,36 @@ def test_files_of_the_unpadded_layout_are_dropped_at_start(
     assert tier.used_bytes == 0
     assert not path.exists()
     tier.shutdown()
+
+
+def test_file_system_type_is_that_of_the_longest_mount_holding_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "tmpfs /dev/shm tmpfs rw 0 0\n"
+        "tmpfs /mnt/my\\040cache tmpfs rw 0 0\n"
+        "nfs:/x /mnt/my\\040cache/nfs nfs4 rw 0 0\n"
+    )
+    monkeypatch.setattr(file_io, "_MOUNTS", str(mounts))
+    assert file_io.file_system_type("/dev/shm/kv") == "tmpfs"
+    assert file_io.file_system_type("/dev/shmem") == "ext4"
+    assert file_io.file_system_type("/mnt/my cache/a") == "tmpfs"
+    assert file_io.file_system_type("/mnt/my cache/nfs/a/b") == "nfs4"
+    monkeypatch.setattr(file_io, "_MOUNTS", str(tmp_path / "absent"))
+    assert file_io.file_system_type("/dev/shm") is None
+
+
+def test_no_direct_io_on_a_memory_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: the tier's directory is on tmpfs: there is no disk to bypass
+    the page cache for, so every chunk goes through it."""
+    real = file_io.file_system_type
+    monkeypatch.setattr(
+        file_io,
+        "file_system_type",
+        lambda path: "tmpfs" if path.startswith(str(tmp_path)) else real(path),
+    )
+    assert not ChunkFiles(str(tmp_path), FINGERPRINT).direct

@@ -103,6 +103,30 @@ def _is_aligned(view: memoryview) -> bool:
     return address % ALIGN == 0 and len(view) % ALIGN == 0
 
 
+_MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
+_MOUNTS = "/proc/self/mounts"
+
+
+def file_system_type(path: str) -> str | None:
+    """The type of the file system holding `path` (from `/proc/self/mounts`),
+    or `None` where that cannot be told."""
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    try:
+        with open(_MOUNTS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, fields[2]
+    except OSError:
+        return None
+    return fstype
+
+
 def _set_direct(fd: int, on: bool) -> None:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     flags = (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT)
@@ -130,8 +154,10 @@ class ChunkFiles:
     4 KiB-aligned is written and read with `O_DIRECT`: one request per chunk
     straight between the host slot and the disk, no page-cache copy, no dirty
     pages to flush later and no second copy of cached chunks in RAM (the host
-    pool is the memory tier). Other payloads, and file systems that refuse
-    direct I/O (`EINVAL`, after which it stays off), use the page cache.
+    pool is the memory tier). Other payloads, memory file systems (tmpfs,
+    where there is no disk to go to and direct I/O only adds work), and file
+    systems that refuse it (`EINVAL`, after which it stays off) use the page
+    cache.
     """
 
     def __init__(
@@ -140,9 +166,13 @@ class ChunkFiles:
         self.fingerprint = fingerprint
         self.directory = os.path.join(root, fingerprint)
         self._fsync = fsync
-        self._direct = direct and bool(_O_DIRECT)
-        self._pages = _HeaderPages()
         os.makedirs(self.directory, exist_ok=True)
+        self._direct = (
+            direct
+            and bool(_O_DIRECT)
+            and file_system_type(self.directory) not in _MEMORY_FILE_SYSTEMS
+        )
+        self._pages = _HeaderPages()
 
     @property
     def direct(self) -> bool:
