@@ -1,19 +1,19 @@
 """Benchmark of the secondary tiers: file and Redis GB/s against plain I/O.
 
-`python -m kvoffload.bench tiers [--json] [--dir PATH] [--empty] [--page-cache]
-[--huge-pages]`
-stores chunks from a host buffer into a file tier and loads them back (first submit
-to last result); in the same run, alternating, the same bytes are written and read
-as one plain sequential file (the headline baseline) and as one plain file per
-chunk. By default every write phase ends when its bytes are on the disk (`syncfs`,
-timed) and every read phase starts from a cold page cache (each file's pages
-dropped first, untimed); `--page-cache` skips both and measures against memory.
-The tier is full by default (every store evicts and reuses the evicted file; the
-plain files are written over in place); `--empty` writes new files on every side.
-The Redis tier is measured against a throwaway `redis-server` on loopback, next
-to plain pipelined SET/MGET of the same bytes. Host slots are shared anonymous
-memory in 4 KiB pages, as the worker's host pool is; `--huge-pages` puts them in
-transparent huge pages instead (fewer, larger segments per direct I/O request).
+`python -m kvoffload.bench tiers [--json] [--dir PATH] [--sizes KIB,...] [--empty]
+[--page-cache] [--huge-pages]` stores chunks from a host buffer into a file tier
+and loads them back (first submit to last result); in the same run, rotating which
+goes first, the same bytes are written and read as one plain sequential file (the
+headline baseline) and as one plain file per chunk. By default every write phase
+ends when its bytes are on the disk (`syncfs`, timed) and every read phase starts
+from a cold page cache (each file's pages dropped first, untimed); `--page-cache`
+skips both and measures against memory. The tier is full by default (every store
+evicts and reuses the evicted file; the plain files are written over in place);
+`--empty` writes new files on every side. Host slots are shared anonymous memory
+in 4 KiB pages, as the worker's host pool is; `--huge-pages` puts them in
+transparent huge pages (fewer, larger segments per direct I/O request). The
+Redis tier is measured against a throwaway `redis-server` on loopback, next to
+plain pipelined SET/MGET of the same bytes.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def main(argv: list[str]) -> int:
         "--dir", default=None, help="where to write (default: a temp dir)"
     )
     parser.add_argument(
-        "--sizes", default="256,2048,8192,32768", help="chunk sizes in KiB"
+        "--sizes",
+        default="256,2048,8192,32768",
+        help="chunk sizes in KiB (empty: no file tier)",
     )
     parser.add_argument("--total-mib", type=int, default=512, help="bytes per run")
     parser.add_argument("--job-chunks", type=int, default=16, help="chunks per job")
@@ -104,7 +106,7 @@ def main(argv: list[str]) -> int:
     root = tempfile.mkdtemp(prefix="kvoffload-bench-", dir=args.dir)
     rows: list[Row] = []
     try:
-        for kib in (int(s) for s in args.sizes.split(",")):
+        for kib in (int(s) for s in args.sizes.split(",") if s):
             rows += _file_rows(kib << 10, args.total_mib * _MIB, root, args)
         if args.redis_mib:
             rows += _redis_rows(args.redis_mib * _MIB, root, args)
