@@ -133,24 +133,26 @@ def measure(
     if theirs is not None:
         runners["vllm"] = theirs
     chunks = sum(len(keys) for _, keys in stream)
-    out: list[Measurement] = []
-    for policy in policies:
-        for capacity in capacities:
-            best: dict[str, tuple[int, float]] = {}
-            for _ in range(repeat):  # interleaved, best of `repeat` for each
+    # Every round runs every (policy, implementation) once, so load that drifts
+    # during a long run reaches all of them alike; each keeps its best round.
+    best: dict[tuple[str, str, int], tuple[int, float]] = {}
+    for capacity in capacities:
+        for _ in range(repeat):
+            for policy in policies:
                 for name, runner in runners.items():
                     if name == "vllm" and policy not in VLLM_POLICIES:
                         continue
                     hits, seconds = runner(stream, policy, capacity)
-                    if name not in best or seconds < best[name][1]:
-                        best[name] = (hits, seconds)
-            for name, (hits, seconds) in best.items():
-                out.append(
-                    Measurement(
-                        name, policy, capacity, len(stream), chunks, hits, seconds
-                    )
-                )
-    return out
+                    key = (name, policy, capacity)
+                    if key not in best or seconds < best[key][1]:
+                        best[key] = (hits, seconds)
+    return [
+        Measurement(name, policy, capacity, len(stream), chunks, hits, seconds)
+        for policy in policies
+        for capacity in capacities
+        for (name, p, c), (hits, seconds) in best.items()
+        if (p, c) == (policy, capacity)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
