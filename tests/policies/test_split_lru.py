@@ -108,6 +108,22 @@ def test_request_tails_that_are_never_reused_are_stored_cold() -> None:
     assert policy.evict(1, [k(60_000)], always) == [k(50_001)]
 
 
+def test_tails_reused_about_as_often_as_other_chunks_stay_warm() -> None:
+    """Scenario: ten conversations grow by two chunks a turn and every turn returns,
+    so a request's last chunk is reused as often as its others: no demotion."""
+    policy = SplitLRUPolicy(1000)
+    conversations = [[k(1000 * c)] for c in range(10)]
+    for turn in range(12):
+        for c, keys in enumerate(conversations):
+            keys += [k(1000 * c + 2 * turn + 1), k(1000 * c + 2 * turn + 2)]
+            store(policy, list(keys))
+    older = conversations[0][-1]  # the first conversation's newest chunk
+    store(policy, [k(50_000), k(50_001)])
+    order = policy.evict(len(policy), [], always)
+    assert order is not None
+    assert order.index(older) < order.index(k(50_001))
+
+
 def test_clear_forgets_learned_state() -> None:
     policy = SplitLRUPolicy(8)
     for i in range(50):

@@ -6,8 +6,8 @@ likely to be reused again. The policy keeps the two kinds apart and learns onlin
 how much room each deserves (`SplitController`), remembering evicted and unstored
 keys in a `GhostHistory` about three caches long, so it recognises reuse farther back
 than the cache itself reaches. It also learns whether a request's last chunk (in a
-replay, often a partial block that the next turn rewrites) is reused as often as the
-rest, and if not, stores it at the cold end.
+replay, often a partial block that the next turn rewrites) is reused far less often
+than the rest, and if so, stores it at the cold end.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ from kvoffload.policies.ghosts import (
 # The last chunk of a request is demoted only after this many tails were seen:
 # below it the reuse-rate comparison is noise.
 _MIN_TAILS = 32
+# ... and only when tails are reused at under this share of the rate of other
+# once-seen chunks: a clear difference (a partial block that the next turn
+# rewrites is almost never reused), not a near tie, where demoting every tail
+# to the cold end costs hits (chats in which nearly every chunk returns).
+_TAIL_DEMOTE_RATE = 0.5
 
 
 def _first_evictable(
@@ -184,7 +189,7 @@ class SplitLRUPolicy(EvictionPolicy):
         self._control.end_request(self._ghosts)
 
     def _store_tail(self, tail: OffloadKey, now: int) -> None:
-        """Tag the request's last chunk; demote it if tails are reused less."""
+        """Tag the request's last chunk; demote it if tails are reused far less."""
         once = self._once
         once[tail] = stamp(now, TAIL)
         tail_stats, once_stats = self._tail_stats, self._once_stats
@@ -193,7 +198,7 @@ class SplitLRUPolicy(EvictionPolicy):
             # Stores count tails too (reuses do not): take them out.
             tail_rate = tail_stats[1] / tail_stats[0]
             others = once_stats[0] - tail_stats[0]
-            if others > 0 and tail_rate < once_stats[1] / others:
+            if others > 0 and tail_rate < _TAIL_DEMOTE_RATE * once_stats[1] / others:
                 once.move_to_end(tail, last=False)
         if once_stats[0] > self._ghosts.size:  # follow about one history length
             for stats in (tail_stats, once_stats):
