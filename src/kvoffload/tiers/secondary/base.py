@@ -113,6 +113,8 @@ class SecondaryTier(ABC):
         self.max_inflight_chunks = max_inflight_chunks
         """Cascaded chunks the manager may have in flight to this tier at once;
         beyond that it sheds cascades (backpressure)."""
+        self._events: list[OffloadingEvent] = []
+        """Stored and removed events for `take_events`; tiers append to it."""
 
     @abstractmethod
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
@@ -139,9 +141,10 @@ class SecondaryTier(ABC):
         """Results of the jobs finished since the last call (applies them to the
         tier's own bookkeeping first)."""
 
-    @abstractmethod
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
         """This tier's offload policy for a new request."""
+        del ctx
+        return RequestOffloadingContext(self.offload_policy)
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         """No more jobs will be submitted for this request (results may follow)."""
@@ -156,7 +159,8 @@ class SecondaryTier(ABC):
 
     def take_events(self) -> list[OffloadingEvent]:
         """Stored and removed events since the last call."""
-        return []
+        out, self._events = self._events, []
+        return out
 
     def has_pending_work(self) -> bool:
         """Whether submitted jobs or checks are still running."""

@@ -19,7 +19,6 @@ from kvoffload.tiers.base import (
     LookupResult,
     OffloadingEvent,
     ReqContext,
-    RequestOffloadingContext,
     TierStats,
 )
 from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
@@ -76,7 +75,6 @@ class FileTier(SecondaryTier):
         )
         self._executor = JobExecutor(config.name, config.num_threads)
         self._jobs: dict[int, _JobRecord] = {}
-        self._events: list[OffloadingEvent] = []
         self._stats = TierStats(capacity=self._capacity_chunks)
         self._rebuild_index()
 
@@ -259,15 +257,8 @@ class FileTier(SecondaryTier):
             record.job.job_id, failed, result.num_bytes, result.seconds
         )
 
-    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext(self.offload_policy)
-
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self._index.touch(keys)
-
-    def take_events(self) -> list[OffloadingEvent]:
-        out, self._events = self._events, []
-        return out
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs)

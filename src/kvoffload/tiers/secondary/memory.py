@@ -17,7 +17,6 @@ from kvoffload.tiers.base import (
     LookupResult,
     OffloadingEvent,
     ReqContext,
-    RequestOffloadingContext,
     TierStats,
 )
 from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
@@ -43,7 +42,6 @@ class MemoryTier(SecondaryTier):
             config.eviction_policy, config.capacity_chunks
         )
         self._finished: list[TierJobResult] = []
-        self._events: list[OffloadingEvent] = []
         self._stats = TierStats(capacity=config.capacity_chunks)
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
@@ -110,15 +108,8 @@ class MemoryTier(SecondaryTier):
         out, self._finished = self._finished, []
         return out
 
-    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext(self.offload_policy)
-
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self._policy.touch(keys)
-
-    def take_events(self) -> list[OffloadingEvent]:
-        out, self._events = self._events, []
-        return out
 
     def has_pending_work(self) -> bool:
         return bool(self._finished)

@@ -31,7 +31,6 @@ from kvoffload.tiers.base import (
     LookupResult,
     OffloadingEvent,
     ReqContext,
-    RequestOffloadingContext,
     TierStats,
 )
 from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJobResult
@@ -104,7 +103,6 @@ class RedisTier(SecondaryTier):
         self._asking: set[OffloadKey] = set()
         self._answers_lock = threading.Lock()
         self._answers: list[tuple[list[OffloadKey], list[bool] | None]] = []
-        self._events: list[OffloadingEvent] = []
         self._stats = TierStats()
 
     def redis_key(self, key: OffloadKey) -> str:
@@ -341,13 +339,6 @@ class RedisTier(SecondaryTier):
         return BatchOutcome(failed, num_bytes)
 
     # -- lifecycle ---------------------------------------------------------------
-
-    def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext(self.offload_policy)
-
-    def take_events(self) -> list[OffloadingEvent]:
-        out, self._events = self._events, []
-        return out
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs or self._asking or self._to_ask)
