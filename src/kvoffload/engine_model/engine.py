@@ -169,16 +169,22 @@ class EngineModel:
         if self.connector is not None:
             self.connector.on_schedule_end()
 
-    def _idle(self) -> None:
-        """Nothing to compute: jump to the next arrival or job completion."""
-        if not self.has_work() or self._late_results:
-            return  # late results are delivered by the next step
-        events = [r.arrival for r in list(self._arrivals)[:1]]
+    def _upcoming(self) -> list[float]:
+        """Times of the next events the engine does not cause itself: the next
+        arrival, the next transfer completion, the next decode completion."""
+        events = [self._arrivals[0].arrival] if self._arrivals else []
         done = self.worker.next_completion()
         if done is not None:
             events.append(done)
         if self._decoding:
             events.append(self._decoding[0][0])
+        return events
+
+    def _idle(self) -> None:
+        """Nothing to compute: jump to the next arrival or job completion."""
+        if not self.has_work() or self._late_results:
+            return  # late results are delivered by the next step
+        events = self._upcoming()
         if self.waiting and self.connector is not None:
             events.append(self.clock.now + self.connector.config.max_defer_s / 4)
         nxt = min(events, default=None)
@@ -329,12 +335,7 @@ class EngineModel:
             return 1
         factor = min(r.max_output_tokens - r.num_output for r, _ in work)
         one = self._step_seconds(work)
-        horizon = [r.arrival for r in list(self._arrivals)[:1]]
-        done = self.worker.next_completion()
-        if done is not None:
-            horizon.append(done)
-        if self._decoding:
-            horizon.append(self._decoding[0][0])
+        horizon = self._upcoming()
         if horizon and one > 0:
             factor = min(factor, int((min(horizon) - self.clock.now) / one))
         if factor <= 1:
