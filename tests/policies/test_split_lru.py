@@ -124,6 +124,47 @@ def test_tails_reused_about_as_often_as_other_chunks_stay_warm() -> None:
     assert order.index(older) < order.index(k(50_001))
 
 
+def store_batch(policy: SplitLRUPolicy, keys: list[OffloadKey]) -> None:
+    """`store`, with the absent keys inserted in one batch, as the manager does."""
+    absent = [key for key in keys if key not in policy]
+    free = policy.capacity - len(policy)
+    assert policy.evict(max(0, len(absent) - free), absent, always) is not None
+    policy.insert_many(absent)
+    policy.touch(keys, new=frozenset(absent))
+
+
+def test_a_batch_learns_from_every_returning_run() -> None:
+    """Scenario: two earlier requests' chunks were evicted at different times; a
+    later request stores both prefixes again in one batch, then new chunks. Both
+    returning runs count as reused: once-seen traffic does not evict them."""
+    policy = SplitLRUPolicy(8)
+    store_batch(policy, [k(0), k(1)])
+    store_batch(policy, [k(2), k(3)])
+    for i in range(100, 108):
+        store_batch(policy, [k(i)])
+    assert not any(k(i) in policy for i in range(4))
+    store_batch(policy, [k(0), k(1), k(2), k(3), k(50), k(51)])
+    for i in range(200, 204):
+        store_batch(policy, [k(i)])
+    assert all(k(i) in policy for i in range(4))
+    assert k(50) not in policy and k(51) not in policy
+
+
+def test_a_remembered_key_after_an_unknown_one_is_still_recognised() -> None:
+    """Scenario: a batch starts with a key the history does not know, but a later
+    key of it was evicted lately: that one is still a near miss (reused)."""
+    policy = SplitLRUPolicy(4)
+    store_batch(policy, [k(1)])
+    for i in range(100, 104):
+        store_batch(policy, [k(i)])
+    assert k(1) not in policy
+    store_batch(policy, [k(500), k(1), k(501)])
+    for i in range(200, 203):
+        store_batch(policy, [k(i)])
+    assert k(1) in policy
+    assert k(500) not in policy and k(501) not in policy
+
+
 def test_clear_forgets_learned_state() -> None:
     policy = SplitLRUPolicy(8)
     for i in range(50):

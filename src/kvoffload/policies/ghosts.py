@@ -191,8 +191,8 @@ class SplitController:
         self._pending = False
         self._requests = 0
 
-    def near_miss(self, segment: int, distance: int) -> None:
-        self._near[segment][distance.bit_length()] += self._weight
+    def near_miss(self, segment: int, distance: int, n: int = 1) -> None:
+        self._near[segment][distance.bit_length()] += self._weight * n
         self._pending = True
 
     def end_request(self, ghosts: GhostHistory) -> None:

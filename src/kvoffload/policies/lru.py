@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence, Set
+from itertools import islice
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
@@ -50,15 +51,11 @@ class LRUPolicy(EvictionPolicy):
     ) -> list[OffloadKey] | None:
         if n <= 0:
             return []
-        victims: list[OffloadKey] = []
-        for key in self._order:
-            if evictable(key):
-                victims.append(key)
-                if len(victims) == n:
-                    break
-        else:
-            return None
         order = self._order
+        # The scan in C: only `evictable` runs per key in Python.
+        victims = list(islice(filter(evictable, order), n))
+        if len(victims) < n:
+            return None
         for key in victims:
             del order[key]
         return victims

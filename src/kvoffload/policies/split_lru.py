@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence, Set
+from itertools import islice
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
@@ -42,16 +43,9 @@ _TAIL_DEMOTE_RATE = 0.5
 def _first_evictable(
     keys: Iterator[OffloadKey], n: int, evictable: Evictable
 ) -> list[OffloadKey]:
-    """Up to `n` keys from `keys` (oldest first) that `evictable` accepts."""
-    out: list[OffloadKey] = []
-    if n <= 0:
-        return out
-    for key in keys:
-        if evictable(key):
-            out.append(key)
-            if len(out) == n:
-                break
-    return out
+    """Up to `n` keys from `keys` (oldest first) that `evictable` accepts; `keys`
+    is left just after the last one taken."""
+    return list(islice(filter(evictable, keys), n)) if n > 0 else []
 
 
 @register_policy("split")
@@ -100,43 +94,70 @@ class SplitLRUPolicy(EvictionPolicy):
     # -- arrivals ------------------------------------------------------------------
 
     def insert(self, key: OffloadKey) -> None:
-        # GhostHistory.pop, inlined: this runs for every stored chunk, and most
-        # are new (membership tests are cheaper than failed pops).
-        ghosts = self._ghosts
-        if key in ghosts.young:
-            remembered = ghosts.young.pop(key)
-        elif key in ghosts.old:
-            remembered = ghosts.old.pop(key)
-        else:
-            self._once[key] = self._stamp_once
-            return
-        if self._returning(remembered):
-            self._reused[key] = self._now << 2 | REUSED
-        else:
-            self._once[key] = self._stamp_once
+        self.insert_many((key,))
 
     def insert_many(self, keys: Sequence[OffloadKey]) -> None:
-        # `insert` for a batch, in one loop: this runs for every stored chunk.
+        # This runs for every stored chunk. Keys the history remembers come in
+        # runs with one stamp (a request's chunks were stored or touched
+        # together), learned from once per run. A key's hash chains its prefix,
+        # so the keys after an unknown one are nearly always unknown too: that is
+        # checked for all of them at once, in C, and they are added in a plain
+        # loop (else the loop goes on key by key).
         young, old = self._ghosts.young, self._ghosts.old
         once = self._once
         stamp_once = self._stamp_once
-        for key in keys:
-            if key in young or key in old:
-                self.insert(key)
+        run: list[OffloadKey] = []
+        run_stamp = 0
+        checked = False
+        for i, key in enumerate(keys):
+            if key in young:
+                remembered = young.pop(key)
+            elif key in old:
+                remembered = old.pop(key)
             else:
+                if run:
+                    self._add_returning(run, run_stamp)
+                    run = []
                 once[key] = stamp_once
+                if not checked:
+                    checked = True
+                    rest = keys[i + 1 :]
+                    if young.keys().isdisjoint(rest) and old.keys().isdisjoint(rest):
+                        for key in rest:
+                            once[key] = stamp_once
+                        break
+                continue
+            if remembered != run_stamp:
+                if run:
+                    self._add_returning(run, run_stamp)
+                    run = []
+                run_stamp = remembered
+            run.append(key)
+        else:
+            if run:
+                self._add_returning(run, run_stamp)
 
-    def _returning(self, key_stamp: int) -> bool:
-        """Learn from a remembered key seen again; True if it counts as reused."""
+    def _add_returning(self, run: list[OffloadKey], key_stamp: int) -> None:
+        """Insert returning keys that share one remembered stamp."""
+        if self._returning(key_stamp, len(run)):
+            segment, new_stamp = self._reused, self._now << 2 | REUSED
+        else:
+            segment, new_stamp = self._once, self._stamp_once
+        for key in run:  # a loop: OrderedDict.update is slower
+            segment[key] = new_stamp
+
+    def _returning(self, key_stamp: int, n: int = 1) -> bool:
+        """Learn from `n` remembered keys with this stamp seen again; True if
+        they count as reused."""
         origin = key_stamp & 3
         if origin == TAIL:
-            self._tail_stats[1] += 1.0
+            self._tail_stats[1] += n
         elif origin == ONCE:
-            self._once_stats[1] += 1.0
+            self._once_stats[1] += n
         if origin != SEEN:
             distance = self._ghosts.distance(key_stamp)
             if distance is not None and distance <= self._window:
-                self._control.near_miss(STREAM[origin], distance)
+                self._control.near_miss(STREAM[origin], distance, n)
                 return True
         reused = self._reused
         if not reused:
@@ -180,9 +201,11 @@ class SplitLRUPolicy(EvictionPolicy):
                 if remembered is not None:
                     self._returning(remembered)
                 self._ghosts.add_seen(key, now)
-        self._tail_stats[1] += tail_reused
-        self._once_stats[0] += stored_once
-        self._once_stats[1] += once_reused
+        once_stats = self._once_stats
+        once_stats[0] += stored_once
+        if tail_reused or once_reused:
+            self._tail_stats[1] += tail_reused
+            once_stats[1] += once_reused
         tail = keys[-1]
         if tail in new and tail in once:
             self._store_tail(tail, now)
@@ -191,7 +214,7 @@ class SplitLRUPolicy(EvictionPolicy):
     def _store_tail(self, tail: OffloadKey, now: int) -> None:
         """Tag the request's last chunk; demote it if tails are reused far less."""
         once = self._once
-        once[tail] = stamp(now, TAIL)
+        once[tail] = now << 2 | TAIL  # stamp(now, TAIL), inlined
         tail_stats, once_stats = self._tail_stats, self._once_stats
         tail_stats[0] += 1.0
         if tail_stats[0] >= _MIN_TAILS:
@@ -219,11 +242,10 @@ class SplitLRUPolicy(EvictionPolicy):
         from_once = iter(once)
         victims_once = _first_evictable(from_once, want_once, evictable)
         want_reused = n - len(victims_once)
-        victims_reused = (
-            _first_evictable(iter(reused), want_reused, evictable)
-            if want_reused
-            else []
-        )
+        if not want_reused:
+            self._ghosts.add_evicted(victims_once, once, ONCE)
+            return victims_once
+        victims_reused = _first_evictable(iter(reused), want_reused, evictable)
         short = want_reused - len(victims_reused)
         if short:
             more = _first_evictable(from_once, short, evictable)
