@@ -48,6 +48,27 @@ def _first_evictable(
     return list(islice(filter(evictable, keys), n)) if n > 0 else []
 
 
+def _probably_unknown(
+    keys: Sequence[OffloadKey],
+    i: int,
+    young: dict[OffloadKey, int],
+    old: dict[OffloadKey, int],
+) -> bool:
+    """Whether the keys after `keys[i]` look unknown to the history: probes at
+    distances 1, 2, 4, ... and the last key. A remembered key between probes is
+    then taken for a new one (stored as once-seen, nothing learned from it):
+    measured, that changed one hit ratio in the documented tables by 0.0006."""
+    n = len(keys)
+    step = 1
+    while i + step < n:
+        key = keys[i + step]
+        if key in young or key in old:
+            return False
+        step <<= 1
+    last = keys[n - 1]
+    return not (last in young or last in old)
+
+
 @register_policy("split")
 class SplitLRUPolicy(EvictionPolicy):
     """Once-seen and reused chunks in two LRU segments with a learned split.
@@ -100,9 +121,11 @@ class SplitLRUPolicy(EvictionPolicy):
         # This runs for every stored chunk. Keys the history remembers come in
         # runs with one stamp (a request's chunks were stored or touched
         # together), learned from once per run. A key's hash chains its prefix,
-        # so the keys after an unknown one are nearly always unknown too: that is
-        # checked for all of them at once, in C, and they are added in a plain
-        # loop (else the loop goes on key by key).
+        # so the keys after one the history does not know are nearly always
+        # unknown too (unless it forgot a head before its tail). A few of them
+        # are probed; if none is known, the rest are added in a plain loop
+        # without lookups (each a likely cache miss in a table of 3c keys), else
+        # the loop goes on key by key.
         young, old = self._ghosts.young, self._ghosts.old
         once = self._once
         stamp_once = self._stamp_once
@@ -121,9 +144,8 @@ class SplitLRUPolicy(EvictionPolicy):
                 once[key] = stamp_once
                 if not checked:
                     checked = True
-                    rest = keys[i + 1 :]
-                    if young.keys().isdisjoint(rest) and old.keys().isdisjoint(rest):
-                        for key in rest:
+                    if _probably_unknown(keys, i, young, old):
+                        for key in keys[i + 1 :]:
                             once[key] = stamp_once
                         break
                 continue
