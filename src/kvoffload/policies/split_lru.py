@@ -145,8 +145,8 @@ class SplitLRUPolicy(EvictionPolicy):
                 if not checked:
                     checked = True
                     if _probably_unknown(keys, i, young, old):
-                        for key in keys[i + 1 :]:
-                            once[key] = stamp_once
+                        for later in keys[i + 1 :]:
+                            once[later] = stamp_once
                         break
                 continue
             if remembered != run_stamp:
