@@ -26,15 +26,21 @@ def always(_: OffloadKey) -> bool:
     return True
 
 
-def store(policy: SplitLRUPolicy, keys: list[OffloadKey]) -> list[OffloadKey]:
+def store(
+    policy: SplitLRUPolicy, keys: list[OffloadKey], batch: bool = False
+) -> list[OffloadKey]:
     """One request over `keys`, as the manager drives it: store the absent ones
-    (evicting as needed), then touch them all, naming the stored ones as new."""
+    (evicting as needed; in one `insert_many` if `batch`, as the manager does),
+    then touch them all, naming the stored ones as new."""
     absent = [key for key in keys if key not in policy]
     free = policy.capacity - len(policy)
     victims = policy.evict(max(0, len(absent) - free), absent, always)
     assert victims is not None
-    for key in absent:
-        policy.insert(key)
+    if batch:
+        policy.insert_many(absent)
+    else:
+        for key in absent:
+            policy.insert(key)
     policy.touch(keys, new=frozenset(absent))
     return victims
 
@@ -124,28 +130,19 @@ def test_tails_reused_about_as_often_as_other_chunks_stay_warm() -> None:
     assert order.index(older) < order.index(k(50_001))
 
 
-def store_batch(policy: SplitLRUPolicy, keys: list[OffloadKey]) -> None:
-    """`store`, with the absent keys inserted in one batch, as the manager does."""
-    absent = [key for key in keys if key not in policy]
-    free = policy.capacity - len(policy)
-    assert policy.evict(max(0, len(absent) - free), absent, always) is not None
-    policy.insert_many(absent)
-    policy.touch(keys, new=frozenset(absent))
-
-
 def test_a_batch_learns_from_every_returning_run() -> None:
     """Scenario: two earlier requests' chunks were evicted at different times; a
     later request stores both prefixes again in one batch, then new chunks. Both
     returning runs count as reused: once-seen traffic does not evict them."""
     policy = SplitLRUPolicy(8)
-    store_batch(policy, [k(0), k(1)])
-    store_batch(policy, [k(2), k(3)])
+    store(policy, [k(0), k(1)], batch=True)
+    store(policy, [k(2), k(3)], batch=True)
     for i in range(100, 108):
-        store_batch(policy, [k(i)])
+        store(policy, [k(i)], batch=True)
     assert not any(k(i) in policy for i in range(4))
-    store_batch(policy, [k(0), k(1), k(2), k(3), k(50), k(51)])
+    store(policy, [k(0), k(1), k(2), k(3), k(50), k(51)], batch=True)
     for i in range(200, 204):
-        store_batch(policy, [k(i)])
+        store(policy, [k(i)], batch=True)
     assert all(k(i) in policy for i in range(4))
     assert k(50) not in policy and k(51) not in policy
 
@@ -154,13 +151,13 @@ def test_a_remembered_key_after_an_unknown_one_is_still_recognised() -> None:
     """Scenario: a batch starts with a key the history does not know, but a later
     key of it was evicted lately: that one is still a near miss (reused)."""
     policy = SplitLRUPolicy(4)
-    store_batch(policy, [k(1)])
+    store(policy, [k(1)], batch=True)
     for i in range(100, 104):
-        store_batch(policy, [k(i)])
+        store(policy, [k(i)], batch=True)
     assert k(1) not in policy
-    store_batch(policy, [k(500), k(1), k(501)])
+    store(policy, [k(500), k(1), k(501)], batch=True)
     for i in range(200, 203):
-        store_batch(policy, [k(i)])
+        store(policy, [k(i)], batch=True)
     assert k(1) in policy
     assert k(500) not in policy and k(501) not in policy
 

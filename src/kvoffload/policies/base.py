@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
+from itertools import islice
 from typing import ClassVar, TypeVar
 
 from kvoffload.keys import OffloadKey
 
 Evictable = Callable[[OffloadKey], bool]
+
+
+def first_evictable(
+    keys: Iterable[OffloadKey], n: int, evictable: Evictable
+) -> list[OffloadKey]:
+    """Up to `n` keys from `keys` (oldest first) that `evictable` accepts, the
+    scan in C (only `evictable` runs per key in Python); an iterator `keys` is
+    left just after the last one taken."""
+    return list(islice(filter(evictable, keys), n)) if n > 0 else []
 
 
 class EvictionPolicy(ABC):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence, Set
-from itertools import islice
 
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
+from kvoffload.policies.base import (
+    Evictable,
+    EvictionPolicy,
+    first_evictable,
+    register_policy,
+)
 
 
 @register_policy("lru")
@@ -52,8 +56,7 @@ class LRUPolicy(EvictionPolicy):
         if n <= 0:
             return []
         order = self._order
-        # The scan in C: only `evictable` runs per key in Python.
-        victims = list(islice(filter(evictable, order), n))
+        victims = first_evictable(order, n, evictable)
         if len(victims) < n:
             return None
         for key in victims:

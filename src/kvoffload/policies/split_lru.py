@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence, Set
-from itertools import islice
+from collections.abc import Sequence, Set
 
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
+from kvoffload.policies.base import (
+    Evictable,
+    EvictionPolicy,
+    first_evictable,
+    register_policy,
+)
 from kvoffload.policies.ghosts import (
     ONCE,
     REUSED,
@@ -38,14 +42,6 @@ _MIN_TAILS = 32
 # rewrites is almost never reused), not a near tie, where demoting every tail
 # to the cold end costs hits (chats in which nearly every chunk returns).
 _TAIL_DEMOTE_RATE = 0.5
-
-
-def _first_evictable(
-    keys: Iterator[OffloadKey], n: int, evictable: Evictable
-) -> list[OffloadKey]:
-    """Up to `n` keys from `keys` (oldest first) that `evictable` accepts; `keys`
-    is left just after the last one taken."""
-    return list(islice(filter(evictable, keys), n)) if n > 0 else []
 
 
 def _probably_unknown(
@@ -262,15 +258,15 @@ class SplitLRUPolicy(EvictionPolicy):
         # reused one; when one runs out of evictable chunks, the other makes up.
         want_once = min(n, max(0, len(once) - math.floor(self._control.target)))
         from_once = iter(once)
-        victims_once = _first_evictable(from_once, want_once, evictable)
+        victims_once = first_evictable(from_once, want_once, evictable)
         want_reused = n - len(victims_once)
         if not want_reused:
             self._ghosts.add_evicted(victims_once, once, ONCE)
             return victims_once
-        victims_reused = _first_evictable(iter(reused), want_reused, evictable)
+        victims_reused = first_evictable(iter(reused), want_reused, evictable)
         short = want_reused - len(victims_reused)
         if short:
-            more = _first_evictable(from_once, short, evictable)
+            more = first_evictable(from_once, short, evictable)
             if len(more) < short:
                 return None  # nothing changed yet
             victims_once += more
