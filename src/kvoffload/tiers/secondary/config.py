@@ -109,6 +109,10 @@ class FileTierConfig:
     max_inflight_chunks: int = 256
     fsync: bool = False
     """fsync each file before its rename: survives power loss, not just a crash."""
+    rescan_interval_s: float = 0.0
+    """Seconds between rescans of the directory for chunk files that other engines
+    wrote into it (a directory shared between engines); 0: never (the directory is
+    this engine's alone after start)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -126,6 +130,8 @@ class FileTierConfig:
         _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
         if not isinstance(self.fsync, bool):
             raise ValueError(f"fsync: {self.fsync!r} must be true or false")
+        if self.rescan_interval_s != 0:
+            _check_seconds(self.rescan_interval_s, "rescan_interval_s")
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FileTierConfig:

@@ -332,18 +332,21 @@ class ChunkFiles:
         except OSError as exc:
             logger.warning("cannot delete chunk file %s: %s", self.path(key), exc)
 
-    def scan(self) -> Iterator[ScannedFile]:
-        """Every chunk file in place; leftover temporary files are removed.
+    def scan(self, remove_temporary: bool = True) -> Iterator[ScannedFile]:
+        """Every chunk file in place; leftover temporary files are removed unless
+        `remove_temporary` is false.
 
-        Temporary files are what a process killed mid-write leaves behind; a
-        directory (per fingerprint) has one writing process, so none is live.
+        Temporary files are what a process killed mid-write leaves behind, at
+        start-up; a rescan of a directory other engines share must leave them, as
+        they may be those engines' writes in progress.
         """
         for dirpath, _dirnames, filenames in os.walk(self.directory):
             for name in filenames:
                 full = os.path.join(dirpath, name)
                 if name.endswith(TMP_SUFFIX):
-                    with contextlib.suppress(OSError):
-                        os.unlink(full)
+                    if remove_temporary:
+                        with contextlib.suppress(OSError):
+                            os.unlink(full)
                     continue
                 if not name.endswith(CHUNK_SUFFIX):
                     continue

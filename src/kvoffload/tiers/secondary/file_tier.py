@@ -2,7 +2,8 @@
 
 Stores and loads run on a thread pool that writes from, and reads into, the host
 slots directly. The index lives on the scheduler thread and is rebuilt from the
-directory at start, so a restarted process finds the chunks of the previous run.
+directory at start, so a restarted process finds the chunks of the previous run;
+with `rescan_interval_s`, engines sharing the directory also find each other's.
 A chunk failing any check on load is a miss and its file is deleted.
 """
 
@@ -32,7 +33,8 @@ from kvoffload.tiers.secondary.executor import (
     split_indices,
 )
 from kvoffload.tiers.secondary.file_index import FileIndex
-from kvoffload.tiers.secondary.file_io import ChunkFiles
+from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
+from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,12 @@ class FileTier(SecondaryTier):
         self._executor = JobExecutor(config.name, config.num_threads)
         self._jobs: dict[int, _JobRecord] = {}
         self._stats = TierStats(capacity=self._capacity_chunks)
-        self._rebuild_index()
+        kept = self._rebuild_index()
+        self._rescan = (
+            Rescanner(self._files, self._executor, config.rescan_interval_s, kept)
+            if config.rescan_interval_s
+            else None
+        )
 
     @property
     def used_bytes(self) -> int:
@@ -93,15 +100,19 @@ class FileTier(SecondaryTier):
         except (ValueError, IndexError):
             return None
 
-    def _rebuild_index(self) -> None:
+    def _has_expected_size(self, scanned: ScannedFile) -> bool:
+        payload = self._payload_len(scanned.key)
+        return payload is not None and scanned.size == self._files.file_size(
+            scanned.key, payload
+        )
+
+    def _rebuild_index(self) -> list[OffloadKey]:
+        """Index the files in place at start (oldest first); returns their keys."""
         found = sorted(self._files.scan(), key=lambda f: f.mtime)
+        kept: list[OffloadKey] = []
         dropped = 0
         for scanned in found:
-            payload = self._payload_len(scanned.key)
-            expected = (
-                None if payload is None else self._files.file_size(scanned.key, payload)
-            )
-            if scanned.size != expected:
+            if not self._has_expected_size(scanned):
                 self._files.delete(scanned.key)  # truncated, or another layout
                 dropped += 1
                 continue
@@ -109,7 +120,9 @@ class FileTier(SecondaryTier):
             for victim in reservation.victims:
                 self._files.delete(victim)
             self._index.deleted(reservation.victims)
-            if not reservation.ok:
+            if reservation.ok:
+                kept.append(scanned.key)
+            else:
                 self._files.delete(scanned.key)
         if found:
             logger.info(
@@ -119,6 +132,37 @@ class FileTier(SecondaryTier):
                 self._files.directory,
                 self._index.used_bytes,
                 dropped,
+            )
+        return kept
+
+    def _adopt_shared(self, rescan: Rescanner) -> None:
+        """Index the files other engines wrote since the last rescan; evict for
+        them as for a store (an unreadable one is a miss on load, as ever)."""
+        found, deleted = rescan.poll()
+        if deleted:
+            self._index.deleted(deleted)
+        adopted: list[OffloadKey] = []
+        victims: list[OffloadKey] = []
+        for scanned in found:
+            key = scanned.key
+            if self._index.is_known(key) or not self._has_expected_size(scanned):
+                continue  # ours, or not what this tier's layout writes: left alone
+            reservation = self._index.add_existing(key, scanned.size)
+            victims += reservation.victims
+            if reservation.ok:
+                adopted.append(key)
+        if victims:
+            self._stats.evictions += len(victims)
+            self._events.append(
+                OffloadingEvent(tuple(victims), self.medium, True, self.name)
+            )
+            rescan.delete(victims)
+        if adopted:
+            self._events.append(
+                OffloadingEvent(tuple(adopted), self.medium, False, self.name)
+            )
+            logger.debug(
+                "%s: found %d chunk files of other engines", self.name, len(adopted)
             )
 
     # -- scheduler-thread API ----------------------------------------------------
@@ -197,6 +241,8 @@ class FileTier(SecondaryTier):
         ]
 
     def get_finished_jobs(self) -> list[TierJobResult]:
+        if self._rescan is not None:
+            self._adopt_shared(self._rescan)
         out = []
         for result in self._executor.take_finished():
             record = self._jobs.pop(result.job_id)

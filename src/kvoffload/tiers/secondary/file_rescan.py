@@ -1,0 +1,87 @@
+"""Finding the chunk files other engines write into a file-tier directory they share.
+
+A rescan walks the directory on the tier's I/O pool, never on the scheduler
+thread, and keeps the set of keys it saw; what it hands over is only the files
+that appeared since the previous scan, so the scheduler thread's share of the
+work grows with what other engines wrote, not with the directory's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from functools import partial
+
+from kvoffload.keys import OffloadKey
+from kvoffload.tiers.secondary.executor import JobExecutor
+from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
+
+logger = logging.getLogger(__name__)
+
+
+class Rescanner:
+    """Rescans a chunk directory every `interval_s` (one scan at a time) and
+    deletes, on the same pool, the files of chunks evicted to make room for what
+    it found."""
+
+    def __init__(
+        self,
+        files: ChunkFiles,
+        executor: JobExecutor,
+        interval_s: float,
+        known: Iterable[OffloadKey],
+    ) -> None:
+        self._files = files
+        self._executor = executor
+        self._interval_s = interval_s
+        self._seen = set(known)  # keys of the previous scan; the pool's only
+        self._lock = threading.Lock()
+        self._found: list[ScannedFile] = []
+        self._deleted: list[OffloadKey] = []
+        self._scanning = False
+        self._due = time.monotonic() + interval_s
+
+    def poll(self) -> tuple[list[ScannedFile], list[OffloadKey]]:
+        """On the scheduler thread: files new since the last poll (oldest first)
+        and keys whose files `delete` has removed; starts a scan when one is due."""
+        now = time.monotonic()
+        with self._lock:
+            found, self._found = self._found, []
+            deleted, self._deleted = self._deleted, []
+            start = not self._scanning and now >= self._due
+            if start:
+                self._scanning = True
+                self._due = now + self._interval_s
+        if start:
+            self._executor.submit_call("rescan", self._scan)
+        return found, deleted
+
+    def delete(self, keys: Sequence[OffloadKey]) -> None:
+        """Remove the files of `keys` on the pool; `poll` reports them when gone."""
+        self._executor.submit_call("delete", partial(self._delete, tuple(keys)))
+
+    # -- on the I/O pool -----------------------------------------------------------
+
+    def _scan(self) -> None:
+        new: list[ScannedFile] = []
+        try:
+            found = list(self._files.scan(remove_temporary=False))
+            seen = self._seen
+            new = sorted((f for f in found if f.key not in seen), key=lambda f: f.mtime)
+            self._seen = {f.key for f in found}
+        except OSError as exc:
+            logger.warning("rescan of %s failed: %s", self._files.directory, exc)
+        finally:
+            with self._lock:
+                self._found.extend(new)
+                self._scanning = False
+
+    def _delete(self, keys: tuple[OffloadKey, ...]) -> None:
+        try:
+            for key in keys:
+                self._files.delete(key)
+        finally:
+            with self._lock:
+                self._deleted.extend(keys)

@@ -1,0 +1,76 @@
+"""Engines sharing one file-tier directory: with `rescan_interval_s`, each finds
+the chunk files the others write, on its I/O pool, and indexes them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kvoffload import LookupResult
+from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
+from tests.tiers.secondary.secondary_support import CTX, GROUPS, Jobs, key, payload
+from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at
+
+RESCAN_S = 0.02
+
+
+def wait_for_hit(tier: FileTier, ids: list[int], timeout_s: float = 10.0) -> None:
+    """Step the tier (as the scheduler does each step) until `ids` are hits."""
+    deadline = time.monotonic() + timeout_s
+    while not all(tier.lookup(key(i), CTX) is LookupResult.HIT for i in ids):
+        assert time.monotonic() < deadline, f"chunks {ids} never found by rescan"
+        tier.get_finished_jobs()
+        time.sleep(0.005)
+
+
+def test_a_chunk_another_engine_stores_becomes_a_hit_with_its_bytes(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    reader = tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S)
+    alone = tier_at(tmp_path, buffer)  # the default: no rescans
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer)
+    store(writer, writer_buffer, [1, 2])
+    assert reader.lookup(key(1), CTX) is LookupResult.MISS
+
+    wait_for_hit(reader, [1, 2])
+    assert reader.used_bytes == 2 * FILE_SIZE
+    stored = [e.keys for e in reader.take_events() if not e.removed]
+    assert sorted(k for keys in stored for k in keys) == sorted([key(1), key(2)])
+    assert Jobs(reader).load([key(2)], [5]).success
+    assert bytes(buffer.slot_view(5)[: GROUPS[0]]) == payload(key(2), GROUPS[0])
+
+    alone.get_finished_jobs()
+    assert alone.lookup(key(1), CTX) is LookupResult.MISS
+    for tier in (reader, alone, writer):
+        tier.shutdown()
+
+
+def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    reader = tier_at(tmp_path, buffer, capacity=FILE_SIZE, rescan_interval_s=RESCAN_S)
+    store(reader, buffer, [3])
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer, capacity=4 * FILE_SIZE)
+    in_progress = Path(writer.chunk_path(key(9)) + ".77.88.tmp")
+    in_progress.parent.mkdir(parents=True, exist_ok=True)
+    in_progress.write_bytes(b"another engine's write in progress")
+    store(writer, writer_buffer, [1])
+
+    wait_for_hit(reader, [1])
+    assert reader.lookup(key(3), CTX) is LookupResult.MISS  # evicted for it
+    deadline = time.monotonic() + 10.0
+    while Path(reader.chunk_path(key(3))).exists():
+        assert time.monotonic() < deadline, "evicted chunk file never deleted"
+        reader.get_finished_jobs()
+        time.sleep(0.005)
+    assert reader.get_stats().evictions == 1
+    assert in_progress.exists()
+    # Once its file is gone the evicted key can be stored again.
+    reader.drain()
+    reader.get_finished_jobs()
+    store(reader, buffer, [3])
+    assert reader.lookup(key(3), CTX) is LookupResult.HIT
+    for tier in (reader, writer):
+        tier.shutdown()
