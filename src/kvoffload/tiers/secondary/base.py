@@ -157,6 +157,13 @@ class SecondaryTier(ABC):
     def on_schedule_end(self) -> None:
         """Once per scheduler step: a good moment to flush batched requests."""
 
+    def _record_event(self, keys: Sequence[OffloadKey], removed: bool) -> None:
+        """Queue a stored (or, with `removed`, removed) event for `keys`, if any."""
+        if keys:
+            self._events.append(
+                OffloadingEvent(tuple(keys), self.medium, removed, self.name)
+            )
+
     def take_events(self) -> list[OffloadingEvent]:
         """Stored and removed events since the last call."""
         out, self._events = self._events, []

@@ -18,7 +18,6 @@ from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.policies import create_policy
 from kvoffload.tiers.base import (
     LookupResult,
-    OffloadingEvent,
     ReqContext,
     TierStats,
 )
@@ -153,14 +152,10 @@ class FileTier(SecondaryTier):
                 adopted.append(key)
         if victims:
             self._stats.evictions += len(victims)
-            self._events.append(
-                OffloadingEvent(tuple(victims), self.medium, True, self.name)
-            )
+            self._record_event(victims, True)
             rescan.delete(victims)
         if adopted:
-            self._events.append(
-                OffloadingEvent(tuple(adopted), self.medium, False, self.name)
-            )
+            self._record_event(adopted, False)
             logger.debug(
                 "%s: found %d chunk files of other engines", self.name, len(adopted)
             )
@@ -197,10 +192,7 @@ class FileTier(SecondaryTier):
                 recycle[i] = spare[size].pop()
         self._stats.store_skipped += len(refused)
         self._stats.evictions += len(victims)
-        if victims:
-            self._events.append(
-                OffloadingEvent(tuple(victims), self.medium, True, self.name)
-            )
+        self._record_event(victims, True)
         self._jobs[job.job_id] = _JobRecord(
             job, True, tuple(started), tuple(refused), tuple(victims)
         )
@@ -268,10 +260,7 @@ class FileTier(SecondaryTier):
         stats.bytes_stored += result.num_bytes
         stats.failures += len(failed)
         stats.transfer_seconds += result.seconds
-        if stored:
-            self._events.append(
-                OffloadingEvent(tuple(stored), self.medium, False, self.name)
-            )
+        self._record_event(stored, False)
         return TierJobResult(
             record.job.job_id,
             (*record.refused, *failed),
@@ -286,10 +275,7 @@ class FileTier(SecondaryTier):
             self._index.unpin(keys[i])
             if i in result.failed and self._index.forget(keys[i]):
                 bad.append(keys[i])
-        if bad:
-            self._events.append(
-                OffloadingEvent(tuple(bad), self.medium, True, self.name)
-            )
+        self._record_event(bad, True)
         failed = (
             *record.refused,
             *(keys[i] for i in record.started if i in result.failed),

@@ -15,7 +15,6 @@ from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.tiers.base import (
     LookupResult,
-    OffloadingEvent,
     ReqContext,
     TierStats,
 )
@@ -69,10 +68,7 @@ class MemoryTier(SecondaryTier):
             num_bytes += n
         self._stats.chunks_stored += len(stored)
         self._stats.bytes_stored += num_bytes
-        if stored:
-            self._events.append(
-                OffloadingEvent(tuple(stored), self.medium, False, self.name)
-            )
+        self._record_event(stored, False)
         self._finished.append(TierJobResult(job.job_id, tuple(failed), num_bytes))
 
     def _make_room(self, key: OffloadKey) -> bool:
@@ -84,9 +80,7 @@ class MemoryTier(SecondaryTier):
         for victim in victims:
             del self._chunks[victim]
         self._stats.evictions += len(victims)
-        self._events.append(
-            OffloadingEvent(tuple(victims), self.medium, True, self.name)
-        )
+        self._record_event(victims, True)
         return True
 
     def submit_load(self, job: TierJob) -> None:

@@ -29,7 +29,6 @@ import redis
 from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.tiers.base import (
     LookupResult,
-    OffloadingEvent,
     ReqContext,
     TierStats,
 )
@@ -249,10 +248,7 @@ class RedisTier(SecondaryTier):
             stats.bytes_stored += result.num_bytes
             for key in done:
                 self._remember(key, True, now)
-            if done:
-                self._events.append(
-                    OffloadingEvent(tuple(done), self.medium, False, self.name)
-                )
+            self._record_event(done, False)
         else:
             stats.chunks_loaded += len(done)
             stats.bytes_loaded += result.num_bytes
