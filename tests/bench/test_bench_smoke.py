@@ -37,7 +37,7 @@ def test_manager_benchmark_reports_every_policy_and_equal_lru_hits(
             "--capacity",
             "8",
             "--repeat",
-            "1",
+            "3",
             "--policy",
             "lru",
             "--policy",
@@ -50,6 +50,9 @@ def test_manager_benchmark_reports_every_policy_and_equal_lru_hits(
     ours = {r["policy"]: r for r in records if r["implementation"] == "kvoffload"}
     assert set(ours) == {"lru", "split"}
     assert ours["lru"]["time_vs_lru"] == pytest.approx(1.0)
+    assert ours["lru"]["time_vs_lru_rounds"] == pytest.approx([1.0, 1.0, 1.0])
+    median, low, high = ours["split"]["time_vs_lru_rounds"]
+    assert 0 < low <= median <= high
     theirs = [r for r in records if r["implementation"] == "vllm"]
     if theirs:  # vLLM installed: same operation stream, same hits for LRU
         assert theirs[0]["hit_chunks"] == ours["lru"]["hit_chunks"]

@@ -4,7 +4,10 @@ For every request of a trace, in order: first sight, a lookup of its prefix, a l
 of the hit chunks, a store of the rest of its prompt chunks, recency, finish. The
 same stream runs through vLLM's own `CPUOffloadingManager` in the same process when
 vLLM is installed, and the ratio of time per request is printed (goal: at most
-one third of vLLM's, with equal hit counts for LRU).
+one third of vLLM's, with equal hit counts for LRU). Against LRU it also prints
+the median of the per-round ratios and their quartiles: every round runs every
+policy back to back, so a round's ratio cancels most of the load on a shared
+machine, and the spread shows how far one run's figure can be trusted.
 
     python -m kvoffload.bench manager [--trace PATH] [--capacity N ...] [--json]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +48,8 @@ class Measurement:
     requests: int
     chunks: int
     hit_chunks: int
-    seconds: float
+    seconds: float  # the best round
+    round_seconds: tuple[float, ...] = ()  # every round, in order
 
     @property
     def us_per_request(self) -> float:
@@ -53,6 +58,16 @@ class Measurement:
     @property
     def ns_per_chunk(self) -> float:
         return self.seconds / self.chunks * 1e9
+
+
+def round_ratios(m: Measurement, base: Measurement) -> tuple[float, float, float]:
+    """Median and quartiles of `m`'s time over `base`'s, round by round (rounds
+    are paired: each ran both)."""
+    ratios = [a / b for a, b in zip(m.round_seconds, base.round_seconds, strict=True)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    low, median, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return median, low, high
 
 
 def build_stream(trace: Path, limit: int | None) -> Stream:
@@ -134,23 +149,26 @@ def measure(
         runners["vllm"] = theirs
     chunks = sum(len(keys) for _, keys in stream)
     # Every round runs every (policy, implementation) once, so load that drifts
-    # during a long run reaches all of them alike; each keeps its best round.
-    best: dict[tuple[str, str, int], tuple[int, float]] = {}
+    # during a long run reaches all of them alike; every other round runs them
+    # in reverse order, so that none always runs first.
+    rounds: dict[tuple[str, str, int], tuple[int, list[float]]] = {}
     for capacity in capacities:
-        for _ in range(repeat):
-            for policy in policies:
+        for r in range(repeat):
+            for policy in policies if r % 2 == 0 else list(reversed(policies)):
                 for name, runner in runners.items():
                     if name == "vllm" and policy not in VLLM_POLICIES:
                         continue
                     hits, seconds = runner(stream, policy, capacity)
-                    key = (name, policy, capacity)
-                    if key not in best or seconds < best[key][1]:
-                        best[key] = (hits, seconds)
+                    rounds.setdefault((name, policy, capacity), (hits, []))[1].append(
+                        seconds
+                    )
     return [
-        Measurement(name, policy, capacity, len(stream), chunks, hits, seconds)
+        Measurement(
+            name, policy, capacity, len(stream), chunks, hits, min(times), tuple(times)
+        )
         for policy in policies
         for capacity in capacities
-        for (name, p, c), (hits, seconds) in best.items()
+        for (name, p, c), (hits, times) in rounds.items()
         if (p, c) == (policy, capacity)
     ]
 
@@ -188,24 +206,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ns_per_chunk": m.ns_per_chunk,
                 "time_vs_vllm": m.seconds / theirs.seconds if theirs else None,
                 "time_vs_lru": m.seconds / lru.seconds if lru else None,
+                "time_vs_lru_rounds": round_ratios(m, lru) if lru else None,
             }
             print(json.dumps(record))
         return 0
     print(
         f"{len(stream):,} requests, {results[0].chunks:,} chunks; best of {args.repeat}"
+        "; 'by round': median [quartiles] of the per-round ratio to LRU"
     )
     print(
         f"{'impl':<10} {'policy':<8} {'capacity':>9} {'hits':>8} {'us/request':>11} "
-        f"{'ns/chunk':>9} {'vs vLLM':>8} {'vs LRU':>7}"
+        f"{'ns/chunk':>9} {'vs vLLM':>8} {'vs LRU':>7} {'by round':>18}"
     )
     for m in results:
         theirs = by_key.get(("vllm", m.policy, m.capacity))
         lru = by_key.get((m.implementation, "lru", m.capacity))
         ratio = f"{m.seconds / theirs.seconds:.2f}x" if theirs else "-"
         vs_lru = f"{m.seconds / lru.seconds:.2f}x" if lru else "-"
+        by_round = "-"
+        if lru and lru is not m:
+            median, low, high = round_ratios(m, lru)
+            by_round = f"{median:.2f}x [{low:.2f}-{high:.2f}]"
         print(
             f"{m.implementation:<10} {m.policy:<8} {m.capacity:>9,} {m.hit_chunks:>8,} "
-            f"{m.us_per_request:>11.1f} {m.ns_per_chunk:>9.0f} {ratio:>8} {vs_lru:>7}"
+            f"{m.us_per_request:>11.1f} {m.ns_per_chunk:>9.0f} {ratio:>8} {vs_lru:>7} "
+            f"{by_round:>18}"
         )
     if "vllm" not in {m.implementation for m in results}:
         print("vLLM is not installed: no comparison")
