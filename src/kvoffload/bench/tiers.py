@@ -45,7 +45,7 @@ from kvoffload.tiers.secondary import (
     TierJob,
 )
 from kvoffload.tiers.secondary.file_io import chunk_file_size
-from kvoffload.worker import ChunkBuffer
+from kvoffload.worker.base import OneViewPerChunk
 
 _MIB = 1 << 20
 _CTX = ReqContext("bench")
@@ -169,7 +169,7 @@ class _Disk:
         return time.perf_counter() - start
 
 
-class _HugePageBuffer:
+class _HugePageBuffer(OneViewPerChunk):
     """A `ChunkBuffer` in private anonymous memory advised to use huge pages."""
 
     def __init__(self, num_slots: int, slot_nbytes: int) -> None:
@@ -190,9 +190,9 @@ class _HugePageBuffer:
 
 def _filled_buffer(
     chunk_nbytes: int, total: int, huge_pages: bool = False
-) -> ChunkBuffer:
+) -> ArrayChunkBuffer | _HugePageBuffer:
     chunks = max(1, total // chunk_nbytes)
-    buf: ChunkBuffer = (
+    buf: ArrayChunkBuffer | _HugePageBuffer = (
         _HugePageBuffer(2 * chunks, chunk_nbytes)
         if huge_pages
         else ArrayChunkBuffer(2 * chunks, chunk_nbytes)
@@ -428,7 +428,9 @@ def _redis_rows(total: int, root: str, args: argparse.Namespace) -> list[Row]:
     return _rows("redis", chunk_nbytes, n, times)
 
 
-def _plain_redis(url: str, buf: ChunkBuffer, n: int, batch: int) -> tuple[float, float]:
+def _plain_redis(
+    url: str, buf: ArrayChunkBuffer | _HugePageBuffer, n: int, batch: int
+) -> tuple[float, float]:
     """Pipelined SET then MGET of the raw chunks, one connection, then FLUSHALL."""
     import redis
 
@@ -443,7 +445,12 @@ def _plain_redis(url: str, buf: ChunkBuffer, n: int, batch: int) -> tuple[float,
     return write_s, read_s
 
 
-def _plain_sets(client: object, names: list[str], buf: ChunkBuffer, batch: int) -> None:
+def _plain_sets(
+    client: object,
+    names: list[str],
+    buf: ArrayChunkBuffer | _HugePageBuffer,
+    batch: int,
+) -> None:
     import redis
 
     assert isinstance(client, redis.Redis)

@@ -91,8 +91,10 @@ class ChunkBuffer(Protocol):
     """Host memory holding one chunk per slot, shared with secondary tiers.
 
     Secondary tiers read a chunk's bytes from, and write them into, its slot
-    without intermediate copies. A chunk of group `g` occupies the first
-    `chunk_nbytes(g)` bytes of its slot.
+    without intermediate copies. A chunk of group `g` is `chunk_nbytes(g)` bytes:
+    in one pool, the first bytes of its slot; with tensor parallelism, each
+    rank's slice in that rank's pool (`RankedChunkBuffer`), in rank order.
+    `slot_nbytes` bounds every chunk.
     """
 
     @property
@@ -103,6 +105,20 @@ class ChunkBuffer(Protocol):
 
     def chunk_nbytes(self, group: int) -> int: ...
 
-    def slot_view(self, slot: int) -> memoryview:
-        """A writable view of the slot's `slot_nbytes` bytes."""
+    def chunk_views(self, slot: int, group: int) -> list[memoryview]:
+        """Writable views that together hold the slot's chunk of `group`, in
+        order (their lengths sum to `chunk_nbytes(group)`)."""
         ...
+
+
+class OneViewPerChunk(ABC):
+    """`chunk_views` for a buffer whose chunk is the head of its slot."""
+
+    @abstractmethod
+    def chunk_nbytes(self, group: int) -> int: ...
+
+    @abstractmethod
+    def slot_view(self, slot: int) -> memoryview: ...
+
+    def chunk_views(self, slot: int, group: int) -> list[memoryview]:
+        return [self.slot_view(slot)[: self.chunk_nbytes(group)]]

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload.worker.base import OneViewPerChunk
 from kvoffload.worker.geometry import GroupGeometry, PoolGeometry
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ _GROUP = struct.Struct("<QQQQ")  # group, layers, layer block bytes, blocks per 
 _MAX_GROUPS = (_HEADER_NBYTES - _HEAD.size) // _GROUP.size
 
 
-class HostPool:
+class HostPool(OneViewPerChunk):
     """`num_slots` slots of `slot_nbytes` bytes in one buffer; a `ChunkBuffer`.
 
     Slot `s` is bytes `[s * slot_nbytes, (s + 1) * slot_nbytes)` of `array`; a

@@ -12,7 +12,7 @@ PAYLOAD = bytes(range(256)) * 4
 
 
 def encoded(k: bytes = key(1), fp: str = FP, payload: bytes = PAYLOAD) -> bytes:
-    header = codec.encode_header(k, fp, len(payload), codec.payload_checksum(payload))  # type: ignore[arg-type]
+    header = codec.encode_header(k, fp, len(payload), codec.payload_checksum([payload]))  # type: ignore[arg-type]
     return header + payload
 
 
@@ -20,8 +20,10 @@ def test_round_trip() -> None:
     data = encoded()
     header = codec.decode_header(data)
     codec.check_header(header, key(1), FP, len(PAYLOAD))
-    codec.check_payload(header, memoryview(data)[codec.header_size(len(key(1)), FP) :])
-    assert header == (key(1), FP, len(PAYLOAD), codec.payload_checksum(PAYLOAD))
+    codec.check_payload(
+        header, [memoryview(data)[codec.header_size(len(key(1)), FP) :]]
+    )
+    assert header == (key(1), FP, len(PAYLOAD), codec.payload_checksum([PAYLOAD]))
 
 
 def flip(data: bytes, offset: int) -> bytes:
@@ -41,9 +43,9 @@ def test_payload_flip_and_truncation_are_detected() -> None:
     start = codec.header_size(len(key(1)), FP)
     header = codec.decode_header(data)
     with pytest.raises(CorruptChunkError, match="checksum"):
-        codec.check_payload(header, flip(data, start + 5)[start:])
+        codec.check_payload(header, [flip(data, start + 5)[start:]])
     with pytest.raises(CorruptChunkError, match="truncated"):
-        codec.check_payload(header, data[start:-1])
+        codec.check_payload(header, [data[start:-1]])
     with pytest.raises(CorruptChunkError, match="truncated"):
         codec.decode_header(data[:10])
 
@@ -63,3 +65,12 @@ def test_other_format_version_is_rejected() -> None:
     data[4] = codec.FORMAT_VERSION + 1
     with pytest.raises(CorruptChunkError, match="format version"):
         codec.decode_header(bytes(data))
+
+
+def test_a_payload_in_parts_checks_as_the_joined_bytes() -> None:
+    parts = [PAYLOAD[:100], memoryview(PAYLOAD)[100:700], PAYLOAD[700:]]
+    assert codec.payload_checksum(parts) == codec.payload_checksum([PAYLOAD])
+    header = codec.decode_header(encoded())
+    codec.check_payload(header, parts)
+    with pytest.raises(codec.CorruptChunkError, match="checksum"):
+        codec.check_payload(header, [PAYLOAD[700:], PAYLOAD[:700]])

@@ -63,7 +63,7 @@ def test_payload_starts_at_4k_after_a_zero_padded_header(
     tmp_path: Path, slots: ArrayChunkBuffer
 ) -> None:
     files = ChunkFiles(str(tmp_path), FINGERPRINT)
-    files.write(key(1), filled(slots, 0, ALIGNED, key(1)))
+    files.write(key(1), [filled(slots, 0, ALIGNED, key(1))])
     data = Path(files.path(key(1))).read_bytes()
     start = payload_offset(36, FINGERPRINT)
     head_len = codec.header_size(36, FINGERPRINT)
@@ -78,18 +78,18 @@ def test_aligned_payloads_bypass_the_page_cache_and_others_use_it(
     tmp_path: Path, slots: ArrayChunkBuffer, open_flags: list[int]
 ) -> None:
     files = ChunkFiles(str(tmp_path), FINGERPRINT)
-    files.write(key(1), filled(slots, 0, ALIGNED, key(1)))
-    assert files.read(key(1), slots.slot_view(1)) == ALIGNED
+    files.write(key(1), [filled(slots, 0, ALIGNED, key(1))])
+    assert files.read(key(1), [slots.slot_view(1)]) == ALIGNED
     if not files.direct:
         pytest.skip("this file system refuses O_DIRECT")
     assert all(flags & os.O_DIRECT for flags in open_flags)
     assert bytes(slots.slot_view(1)) == payload(key(1), ALIGNED)
-    files.write(key(3), filled(slots, 0, ALIGN, key(3)))
+    files.write(key(3), [filled(slots, 0, ALIGN, key(3))])
     open_flags.clear()
-    files.write(key(2), filled(slots, 0, UNALIGNED, key(2)))  # unaligned length
-    files.read(key(2), slots.slot_view(2)[:UNALIGNED])
+    files.write(key(2), [filled(slots, 0, UNALIGNED, key(2))])  # unaligned length
+    files.read(key(2), [slots.slot_view(2)[:UNALIGNED]])
     unaligned_address = slots.slot_view(3)[1 : 1 + ALIGN]
-    files.read(key(3), unaligned_address)
+    files.read(key(3), [unaligned_address])
     assert bytes(unaligned_address) == payload(key(3), ALIGN)
     assert len(open_flags) >= 3  # (a write may retry its open after a mkdir)
     assert not any(flags & os.O_DIRECT for flags in open_flags)
@@ -101,8 +101,8 @@ def test_direct_and_page_cache_files_are_identical_and_interchangeable(
     direct = ChunkFiles(str(tmp_path / "a"), FINGERPRINT)
     cached = ChunkFiles(str(tmp_path / "b"), FINGERPRINT, direct=False)
     view = filled(slots, 0, ALIGNED, key(1))
-    direct.write(key(1), view)
-    cached.write(key(1), view)
+    direct.write(key(1), [view])
+    cached.write(key(1), [view])
     assert (
         Path(direct.path(key(1))).read_bytes() == Path(cached.path(key(1))).read_bytes()
     )
@@ -110,7 +110,7 @@ def test_direct_and_page_cache_files_are_identical_and_interchangeable(
     os.replace(cached.path(key(1)), direct.path(key(1)))
     os.replace(cached.path(key(1)) + ".x", cached.path(key(1)))
     for files, slot in ((direct, 1), (cached, 2)):
-        files.read(key(1), slots.slot_view(slot))
+        files.read(key(1), [slots.slot_view(slot)])
         assert bytes(slots.slot_view(slot)) == payload(key(1), ALIGNED)
 
 
@@ -161,8 +161,8 @@ def test_file_system_refusing_direct_io_falls_back_to_the_page_cache(
         _refusing(monkeypatch, refuses)
     with caplog.at_level(logging.WARNING):
         for i in (1, 2):
-            files.write(key(i), filled(slots, 0, ALIGNED, key(i)))
-            files.read(key(i), slots.slot_view(i))
+            files.write(key(i), [filled(slots, 0, ALIGNED, key(i))])
+            files.read(key(i), [slots.slot_view(i)])
             assert bytes(slots.slot_view(i)) == payload(key(i), ALIGNED)
     assert not files.direct
     assert len([r for r in caplog.records if "direct I/O" in r.message]) == 1
@@ -174,15 +174,15 @@ def test_recycled_file_of_another_size_is_resized(
     """Scenario: an evicted chunk's file grew on disk (by hand, say); reusing it
     for a new chunk still leaves a file of exactly the new chunk's size."""
     files = ChunkFiles(str(tmp_path), FINGERPRINT)
-    files.write(key(1), filled(slots, 0, ALIGNED, key(1)))
+    files.write(key(1), [filled(slots, 0, ALIGNED, key(1))])
     with open(files.path(key(1)), "ab") as f:
         f.write(b"tail")
-    files.write(key(2), filled(slots, 0, ALIGNED, key(2)), recycle=key(1))
+    files.write(key(2), [filled(slots, 0, ALIGNED, key(2))], recycle=key(1))
     assert not os.path.exists(files.path(key(1)))
     assert os.path.getsize(files.path(key(2))) == chunk_file_size(
         36, FINGERPRINT, ALIGNED
     )
-    files.read(key(2), slots.slot_view(1))
+    files.read(key(2), [slots.slot_view(1)])
     assert bytes(slots.slot_view(1)) == payload(key(2), ALIGNED)
 
 
@@ -196,7 +196,9 @@ def test_files_of_the_unpadded_layout_are_dropped_at_start(
     path = Path(files.path(key(1)))
     path.parent.mkdir(parents=True)
     path.write_bytes(
-        codec.encode_header(key(1), FINGERPRINT, ALIGNED, codec.payload_checksum(data))
+        codec.encode_header(
+            key(1), FINGERPRINT, ALIGNED, codec.payload_checksum([data])
+        )
         + data
     )
     tier = FileTier(FileTierConfig(str(tmp_path), 1 << 20), slots, FINGERPRINT)

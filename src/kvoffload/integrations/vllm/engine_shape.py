@@ -118,6 +118,19 @@ class EngineShape:
             }
         )
 
+    def tiers_fingerprint(self) -> str:
+        """Names what a chunk in a secondary tier means: every rank's slice, in
+        rank order (with one rank, the same as that rank's chunk)."""
+        if self.tp_size == 1:
+            return self.chunk_fingerprint(0)
+        return make_fingerprint(
+            {
+                "model": self.model_fingerprint(),
+                "blocks_per_chunk": [g.blocks_per_chunk for g in self.groups],
+                "tp_ranks": self.tp_size,
+            }
+        )
+
     def pool_geometry(self) -> PoolGeometry:
         return PoolGeometry.of(
             GroupGeometry(

@@ -27,6 +27,7 @@ from kvoffload.integrations.vllm.stats import KVOffloadStats, StatsDelta
 from kvoffload.keys import BlockHasher
 from kvoffload.tiers.base import OffloadingEvent, OffloadingManager
 from kvoffload.tiers.primary import CPUOffloadingManager
+from kvoffload.tiers.secondary import RankedChunkBuffer
 from kvoffload.worker import HostPool
 
 logger = logging.getLogger(__name__)
@@ -40,10 +41,12 @@ def _table(ids: Iterable[Iterable[int] | None]) -> BlockTable:
 
 def build_manager(
     settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
-) -> tuple[OffloadingManager, HostPool | None]:
+) -> tuple[OffloadingManager, list[HostPool]]:
     """The primary tier, behind a tiering manager when secondary tiers are set.
 
-    Secondary tiers read and write the worker's host pool, attached by name.
+    Secondary tiers read and write the workers' host pools, attached by name:
+    with tensor parallelism, every rank's, a chunk being all ranks' slices
+    (`RankedChunkBuffer`). Returns the manager and the pools attached.
     """
     geometry = shape.pool_geometry()
     primary = CPUOffloadingManager(
@@ -54,23 +57,24 @@ def build_manager(
         enable_events=enable_events,
     )
     if not settings.secondary_tiers:
-        return primary, None
-    if shape.tp_size != 1:
-        raise ValueError(
-            "kvoffload: secondary_tiers need tensor_parallel_size 1 (each rank "
-            f"holds its own slice of the KV cache); got {shape.tp_size}"
-        )
+        return primary, []
     from kvoffload.tiering import create_tiering_manager
 
-    pool = HostPool.attach(shape.pool_name(0), geometry, primary.num_chunks)
+    pools: list[HostPool] = []
     try:
+        for rank in range(shape.tp_size):
+            pools.append(
+                HostPool.attach(shape.pool_name(rank), geometry, primary.num_chunks)
+            )
+        buffer = pools[0] if len(pools) == 1 else RankedChunkBuffer(pools)
         manager = create_tiering_manager(
-            primary, settings.secondary_tiers, pool, shape.chunk_fingerprint(0)
+            primary, settings.secondary_tiers, buffer, shape.tiers_fingerprint()
         )
     except BaseException:
-        pool.close()
+        for pool in pools:
+            pool.close()
         raise
-    return manager, pool
+    return manager, pools
 
 
 class SchedulerSide:
@@ -80,7 +84,7 @@ class SchedulerSide:
         self, settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
     ):
         self.shape = shape
-        self.manager, self._pool = build_manager(settings, shape, enable_events)
+        self.manager, self._pools = build_manager(settings, shape, enable_events)
         config = ConnectorConfig(
             groups=tuple(
                 GroupSpec(g.tokens_per_block, g.blocks_per_chunk) for g in shape.groups
@@ -200,8 +204,8 @@ class SchedulerSide:
         try:
             self.connector.shutdown()
         finally:
-            if self._pool is not None:
-                self._pool.close()
+            for pool in self._pools:
+                pool.close()
 
     def live_requests(self) -> Sequence[str]:
         return list(self._views)

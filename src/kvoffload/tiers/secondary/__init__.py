@@ -8,7 +8,7 @@ from kvoffload.tiers.secondary.base import (
     TierJob,
     TierJobResult,
 )
-from kvoffload.tiers.secondary.buffer import ArrayChunkBuffer
+from kvoffload.tiers.secondary.buffer import ArrayChunkBuffer, RankedChunkBuffer
 from kvoffload.tiers.secondary.codec import CorruptChunkError, make_fingerprint
 from kvoffload.tiers.secondary.config import (
     FileTierConfig,
@@ -35,6 +35,7 @@ __all__ = [
     "Medium",
     "MemoryTier",
     "MemoryTierConfig",
+    "RankedChunkBuffer",
     "RedisTierConfig",
     "SecondaryTier",
     "TierJob",

@@ -1,7 +1,10 @@
-"""A plain in-process `ChunkBuffer`, for benchmarks, tests and simulation.
+"""`ChunkBuffer`s: a plain in-process one, and one over every rank's pool.
 
-The engine's host pool (the worker's) implements the same protocol over pinned
-memory shared with the device copies; this one is an anonymous memory map.
+The engine's host pool (the worker's) implements the protocol over memory shared
+with the device copies; `ArrayChunkBuffer` is an anonymous memory map, for
+benchmarks, tests and simulation. With tensor parallelism each rank's worker
+fills its own pool with its slice of every chunk, at the same slot;
+`RankedChunkBuffer` shows secondary tiers those slices as one chunk.
 """
 
 from __future__ import annotations
@@ -9,8 +12,11 @@ from __future__ import annotations
 import mmap
 from collections.abc import Sequence
 
+from kvoffload.worker import ChunkBuffer
+from kvoffload.worker.base import OneViewPerChunk
 
-class ArrayChunkBuffer:
+
+class ArrayChunkBuffer(OneViewPerChunk):
     """`num_slots` slots of `slot_nbytes` bytes; group `g` chunks use the first
     `group_nbytes[g]` bytes of a slot (any group the whole slot by default)."""
 
@@ -59,3 +65,44 @@ class ArrayChunkBuffer:
             raise IndexError(f"slot {slot} out of range [0, {self._num_slots})")
         start = slot * self._slot_nbytes
         return self._view[start : start + self._slot_nbytes]
+
+
+class RankedChunkBuffer:
+    """The pools of all tensor-parallel ranks as one `ChunkBuffer`: a chunk is
+    every rank's slice at the same slot, in rank order."""
+
+    def __init__(self, ranks: Sequence[ChunkBuffer]) -> None:
+        if not ranks:
+            raise ValueError("ranks: need at least one buffer")
+        slots = {rank.num_slots for rank in ranks}
+        if len(slots) != 1:
+            raise ValueError(f"ranks: buffers differ in slot count {sorted(slots)}")
+        self._ranks = tuple(ranks)
+        self._num_slots = slots.pop()
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_nbytes(self) -> int:
+        return sum(rank.slot_nbytes for rank in self._ranks)
+
+    def chunk_nbytes(self, group: int) -> int:
+        return sum(rank.chunk_nbytes(group) for rank in self._ranks)
+
+    def chunk_views(self, slot: int, group: int) -> list[memoryview]:
+        return [view for rank in self._ranks for view in rank.chunk_views(slot, group)]
+
+
+def scatter(data: bytes | memoryview, views: Sequence[memoryview]) -> None:
+    """Copy `data` into `views` in order (their lengths must sum to its length)."""
+    source = memoryview(data).cast("B")
+    if len(source) != sum(len(view) for view in views):
+        raise ValueError(
+            f"scatter: {len(source)} bytes into views of {sum(map(len, views))}"
+        )
+    start = 0
+    for view in views:
+        view[:] = source[start : start + len(view)]
+        start += len(view)

@@ -21,7 +21,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from kvoffload.keys import OffloadKey
@@ -77,8 +77,12 @@ def header_size(key_len: int, fingerprint: str) -> int:
     return _FIXED.size + key_len + len(fingerprint) + _CRC.size
 
 
-def payload_checksum(payload: bytes | memoryview) -> int:
-    return _crc32(payload)
+def payload_checksum(parts: Sequence[bytes | memoryview]) -> int:
+    """CRC-32 of the parts' bytes taken in order, as if joined."""
+    crc = 0
+    for part in parts:
+        crc = _crc32(part, crc)
+    return crc
 
 
 def encode_header(
@@ -136,10 +140,12 @@ def check_header(
         )
 
 
-def check_payload(header: ChunkHeader, payload: bytes | memoryview) -> None:
-    if len(payload) != header.payload_len:
+def check_payload(header: ChunkHeader, parts: Sequence[bytes | memoryview]) -> None:
+    """The payload, the parts' bytes taken in order, matches the header."""
+    size = sum(len(part) for part in parts)
+    if size != header.payload_len:
         raise CorruptChunkError(
-            f"payload truncated: {len(payload)} of {header.payload_len} bytes"
+            f"payload truncated: {size} of {header.payload_len} bytes"
         )
-    if _crc32(payload) != header.payload_crc:
+    if payload_checksum(parts) != header.payload_crc:
         raise CorruptChunkError("payload checksum mismatch")

@@ -19,7 +19,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -192,8 +192,8 @@ class ChunkFiles:
         page[len(header) :] = bytes(len(page) - len(header))
         return page
 
-    def _use_direct(self, payload: memoryview) -> bool:
-        return self._direct and _is_aligned(payload)
+    def _use_direct(self, parts: Sequence[memoryview]) -> bool:
+        return self._direct and all(map(_is_aligned, parts))
 
     def _direct_refused(self, fd: int, exc: OSError) -> bool:
         """Whether `exc` is the file system refusing direct I/O on `fd`; if so,
@@ -214,9 +214,13 @@ class ChunkFiles:
             )
 
     def write(
-        self, key: OffloadKey, payload: memoryview, recycle: OffloadKey | None = None
+        self,
+        key: OffloadKey,
+        payload: Sequence[memoryview],
+        recycle: OffloadKey | None = None,
     ) -> int:
-        """Write a chunk file atomically; returns the payload bytes written.
+        """Write a chunk file atomically; returns the payload bytes written. The
+        payload is the parts' bytes in order (one part per tensor-parallel rank).
 
         With `recycle`, the file of that evicted chunk (of the same size) is
         renamed to the temporary name and overwritten in place: no inode or block
@@ -224,9 +228,10 @@ class ChunkFiles:
         the cost of a new file. The evicted chunk vanishes at that rename.
         """
         path = self.path(key)
-        data = payload.cast("B")
-        header = encode_header(key, self.fingerprint, len(data), payload_checksum(data))
-        buffers = [self._header_page(key, header), data]
+        data = [part.cast("B") for part in payload]
+        nbytes = sum(len(part) for part in data)
+        header = encode_header(key, self.fingerprint, nbytes, payload_checksum(data))
+        buffers = [self._header_page(key, header), *data]
         size = sum(len(b) for b in buffers)
         direct = self._use_direct(data)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
@@ -252,7 +257,7 @@ class ChunkFiles:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return len(data)
+        return nbytes
 
     def _create(self, tmp: str, direct: bool) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
@@ -292,15 +297,17 @@ class ChunkFiles:
         except OSError:
             return None  # `_create` truncates it
 
-    def read(self, key: OffloadKey, dest: memoryview) -> int:
-        """Fill `dest` with the chunk's payload after checking header and checksum.
+    def read(self, key: OffloadKey, dest: Sequence[memoryview]) -> int:
+        """Fill `dest`, in order, with the chunk's payload and check header and
+        checksum.
 
-        `len(dest)` is the expected payload length. Raises `CorruptChunkError` for
-        a file that fails any check (the caller deletes it).
+        The lengths of `dest` sum to the expected payload length. Raises
+        `CorruptChunkError` for a file that fails any check (the caller deletes it).
         """
-        payload = dest.cast("B")
+        payload = [part.cast("B") for part in dest]
+        nbytes = sum(len(part) for part in payload)
         head = self._pages.get(payload_offset(len(key), self.fingerprint))
-        expected = len(head) + len(payload)
+        expected = len(head) + nbytes
         direct = self._use_direct(payload)
         flags = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECT if direct else 0)
         fd = os.open(self.path(key), flags)
@@ -309,19 +316,19 @@ class ChunkFiles:
             if size != expected:
                 raise CorruptChunkError(f"file has {size} bytes, expected {expected}")
             try:
-                got = _read_all(fd, [head, payload])
+                got = _read_all(fd, [head, *payload])
             except OSError as exc:
                 if not (direct and self._direct_refused(fd, exc)):
                     raise
-                got = _read_all(fd, [head, payload])
+                got = _read_all(fd, [head, *payload])
         finally:
             os.close(fd)
         if got != expected:
             raise CorruptChunkError(f"file has {got} bytes, expected {expected}")
         header = decode_header(head)
-        check_header(header, key, self.fingerprint, len(payload))
+        check_header(header, key, self.fingerprint, nbytes)
         check_payload(header, payload)
-        return len(payload)
+        return nbytes
 
     def delete(self, key: OffloadKey) -> None:
         """Remove a chunk file; a missing file is fine, other errors are logged."""

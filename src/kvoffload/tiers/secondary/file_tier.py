@@ -314,10 +314,9 @@ class FileTier(SecondaryTier):
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
-            n = self._buffer.chunk_nbytes(offload_key_group(key))
-            view = self._buffer.slot_view(job.slots[i])[:n]
+            views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
-                num_bytes += self._files.write(key, view, recycle.get(i))
+                num_bytes += self._files.write(key, views, recycle.get(i))
             except OSError as exc:
                 failed.append(i)
                 errors.append(exc)
@@ -336,11 +335,9 @@ class FileTier(SecondaryTier):
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
-            n = self._buffer.chunk_nbytes(offload_key_group(key))
+            views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
-                num_bytes += self._files.read(
-                    key, self._buffer.slot_view(job.slots[i])[:n]
-                )
+                num_bytes += self._files.read(key, views)
             except (CorruptChunkError, OSError) as exc:
                 # Unreadable or wrong: never loaded, and deleted so it is a miss.
                 logger.warning("%s: dropping chunk %s: %s", self.name, key.hex(), exc)

@@ -19,6 +19,7 @@ from kvoffload.tiers.base import (
     TierStats,
 )
 from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.buffer import scatter
 from kvoffload.tiers.secondary.config import MemoryTierConfig
 from kvoffload.worker import ChunkBuffer
 
@@ -61,11 +62,11 @@ class MemoryTier(SecondaryTier):
                 self._stats.store_skipped += 1
                 failed.append(key)
                 continue
-            n = self._buffer.chunk_nbytes(offload_key_group(key))
-            self._chunks[key] = bytes(self._buffer.slot_view(slot)[:n])
+            data = b"".join(self._buffer.chunk_views(slot, offload_key_group(key)))
+            self._chunks[key] = data
             self._policy.insert(key)
             stored.append(key)
-            num_bytes += n
+            num_bytes += len(data)
         self._stats.chunks_stored += len(stored)
         self._stats.bytes_stored += num_bytes
         self._record_event(stored, False)
@@ -91,7 +92,7 @@ class MemoryTier(SecondaryTier):
             if data is None:
                 failed.append(key)
                 continue
-            self._buffer.slot_view(slot)[: len(data)] = data
+            scatter(data, self._buffer.chunk_views(slot, offload_key_group(key)))
             num_bytes += len(data)
         self._stats.chunks_loaded += len(job.keys) - len(failed)
         self._stats.bytes_loaded += num_bytes

@@ -33,6 +33,7 @@ from kvoffload.tiers.base import (
     TierStats,
 )
 from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.buffer import scatter
 from kvoffload.tiers.secondary.codec import (
     CorruptChunkError,
     check_header,
@@ -282,12 +283,15 @@ class RedisTier(SecondaryTier):
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
-            n = self._buffer.chunk_nbytes(offload_key_group(key))
-            payload = self._buffer.slot_view(job.slots[i])[:n]
-            header = encode_header(key, self._fingerprint, n, payload_checksum(payload))
+            parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
+            n = sum(len(part) for part in parts)
+            header = encode_header(key, self._fingerprint, n, payload_checksum(parts))
             value = bytearray(len(header) + n)
             value[: len(header)] = header
-            value[len(header) :] = payload
+            start = len(header)
+            for part in parts:
+                value[start : start + len(part)] = part
+                start += len(part)
             pipe.set(self.redis_key(key), value, px=self._ttl_ms)
             num_bytes += n
         try:
@@ -319,13 +323,15 @@ class RedisTier(SecondaryTier):
                 header = decode_header(value)
                 check_header(header, key, self._fingerprint, n)
                 payload = memoryview(value)[header_size(len(key), self._fingerprint) :]
-                check_payload(header, payload)
+                check_payload(header, (payload,))
             except CorruptChunkError as exc:
                 logger.warning("%s: dropping chunk %s: %s", self.name, name, exc)
                 corrupt.append(name)
                 failed.append(i)
                 continue
-            self._buffer.slot_view(job.slots[i])[:n] = payload
+            scatter(
+                payload, self._buffer.chunk_views(job.slots[i], offload_key_group(key))
+            )
             num_bytes += n
         if corrupt:
             try:
