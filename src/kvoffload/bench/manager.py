@@ -48,8 +48,12 @@ class Measurement:
     requests: int
     chunks: int
     hit_chunks: int
-    seconds: float  # the best round
-    round_seconds: tuple[float, ...] = ()  # every round, in order
+    round_seconds: tuple[float, ...]  # every round, in order
+
+    @property
+    def seconds(self) -> float:
+        """The best round."""
+        return min(self.round_seconds)
 
     @property
     def us_per_request(self) -> float:
@@ -163,9 +167,7 @@ def measure(
                         seconds
                     )
     return [
-        Measurement(
-            name, policy, capacity, len(stream), chunks, hits, min(times), tuple(times)
-        )
+        Measurement(name, policy, capacity, len(stream), chunks, hits, tuple(times))
         for policy in policies
         for capacity in capacities
         for (name, p, c), (hits, times) in rounds.items()

@@ -286,12 +286,7 @@ class RedisTier(SecondaryTier):
             parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             n = sum(len(part) for part in parts)
             header = encode_header(key, self._fingerprint, n, payload_checksum(parts))
-            value = bytearray(len(header) + n)
-            value[: len(header)] = header
-            start = len(header)
-            for part in parts:
-                value[start : start + len(part)] = part
-                start += len(part)
+            value = b"".join((header, *parts))  # one allocation, one copy of each
             pipe.set(self.redis_key(key), value, px=self._ttl_ms)
             num_bytes += n
         try:
