@@ -11,6 +11,7 @@ import pytest
 
 from kvoffload import BlockHasher, CPUOffloadingManager, OffloadKey, ReqContext
 from kvoffload.connector import (
+    ChunkObserver,
     ConnectorConfig,
     GroupSpec,
     OffloadConnector,
@@ -118,6 +119,7 @@ class Harness:
     time_model: TimeModel = field(default_factory=TimeModel)
     seed: int = 0
     clock: SimClock = field(default_factory=SimClock)
+    observer: ChunkObserver | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -132,6 +134,7 @@ class Harness:
             ConnectorConfig(groups, offload_prompt_only=self.offload_prompt_only),
             self.manager,
             clock=self.clock,
+            observer=self.observer,
         )
         self.engine = self._engine(self.connector)
 

@@ -40,6 +40,23 @@ def test_repeat_after_device_eviction_loads_the_prefix(async_scheduling: bool) -
     assert again.ttft < first.ttft
 
 
+def test_the_observer_hears_each_stored_chunk_once_and_every_loaded_one() -> None:
+    heard: list[tuple[str, int, list[tuple[int, OffloadKey]]]] = []
+    h = Harness(
+        device_blocks=30, observer=lambda r, g, chunks: heard.append((r, g, chunks))
+    )
+    prompt = h.tokens(4 * CHUNK + 5)
+    first = h.request("A1", prompt)
+    h.run(first)
+    _fill_device(h)
+    h.run(h.request("A2", prompt))
+    a_keys = list(enumerate(chunk_keys(list(first.hashes), 3, 0)))[:4]
+    stored = [c for r, _, chunks in heard if r == "A1" for c in chunks]
+    assert stored == a_keys, "A's whole prompt chunks, in order, once"
+    loaded = [(g, chunks) for r, g, chunks in heard if r == "A2"]
+    assert loaded == [(0, a_keys)], "A2 loads them all and stores nothing new"
+
+
 def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(
     async_scheduling: bool,
 ) -> None:

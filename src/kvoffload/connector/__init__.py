@@ -1,6 +1,7 @@
 """The scheduler-side connector: lookups, loads and stores, engine-agnostic."""
 
 from kvoffload.connector.base import (
+    ChunkObserver,
     Clock,
     ConnectorStats,
     RequestInfo,
@@ -11,6 +12,7 @@ from kvoffload.connector.config import ConnectorConfig, GroupSpec
 from kvoffload.connector.scheduler import OffloadConnector
 
 __all__ = [
+    "ChunkObserver",
     "Clock",
     "ConnectorConfig",
     "ConnectorStats",

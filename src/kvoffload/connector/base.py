@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvoffload.keys import OffloadKey
 from kvoffload.worker.base import TransferJob
 
 
@@ -42,6 +43,19 @@ class RequestInfo(Protocol):
     def block_hashes(self) -> Sequence[bytes]:
         """Chained hash of every full hash block (`hash_block_tokens` tokens)."""
         ...
+
+
+class ChunkObserver(Protocol):
+    """Told which chunks of a live request the connector stores or loads.
+
+    `chunks` are (chunk index, key) pairs of one KV-cache group, in prefix order.
+    An engine adapter uses it to describe chunks in the engine's own terms (vLLM's
+    KV events) while the request, and so its tokens, is still at hand.
+    """
+
+    def __call__(
+        self, request_id: str, group: int, chunks: Sequence[tuple[int, OffloadKey]]
+    ) -> None: ...
 
 
 @dataclass(frozen=True)

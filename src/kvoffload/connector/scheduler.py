@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from kvoffload.connector.base import (
+    ChunkObserver,
     Clock,
     ConnectorStats,
     RequestInfo,
@@ -31,7 +32,7 @@ from kvoffload.connector.base import (
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
-from kvoffload.connector.request_state import RequestState
+from kvoffload.connector.request_state import GroupState, RequestState
 from kvoffload.connector.transfers import chunks_to_store, plan_load, store_transfers
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
@@ -54,9 +55,11 @@ class OffloadConnector:
         config: ConnectorConfig,
         manager: OffloadingManager,
         clock: Clock = time.monotonic,
+        observer: ChunkObserver | None = None,
     ) -> None:
         self.config = config
         self.manager = manager
+        self._observer = observer
         # Keys being loaded into the engine, with the number of loads carrying them.
         self._loading: dict[OffloadKey, int] = {}
         self._lookup = LookupPlanner(config, manager, clock, self._loading)
@@ -120,6 +123,8 @@ class OffloadConnector:
         keys, transfers = plan_load(
             self.manager, state, num_computed_tokens, hit, self.config.null_block_id
         )
+        if self._observer is not None:
+            self._observe_load(state, num_computed_tokens, hit)
         record = self._jobs.new(request_id, TransferDirection.LOAD, keys)
         state.load_job = record.job_id
         for key in keys:
@@ -239,6 +244,8 @@ class OffloadConnector:
             group.store_cursor = max(group.store_cursor, chunk + 1)
         if not prepared.keys_to_store:
             return None
+        if self._observer is not None:
+            self._observe_store(state.req_id, chunks, prepared.keys_to_store)
         record = self._jobs.new(
             state.req_id, TransferDirection.STORE, prepared.keys_to_store
         )
@@ -252,6 +259,33 @@ class OffloadConnector:
                 )
         record.engine_blocks = transfers
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
+
+    def _observe_load(self, state: RequestState, start: int, end: int) -> None:
+        """The chunks covering tokens [start, end) of every group are loaded."""
+        assert self._observer is not None
+        for group in state.groups:
+            first = start // group.tokens_per_chunk
+            last = (end - 1) // group.tokens_per_chunk
+            span = range(first, min(last + 1, len(group.keys)))
+            if span:
+                self._observer(
+                    state.req_id, group.index, [(c, group.keys[c]) for c in span]
+                )
+
+    def _observe_store(
+        self,
+        req_id: str,
+        chunks: list[tuple[GroupState, int]],
+        stored: Sequence[OffloadKey],
+    ) -> None:
+        assert self._observer is not None
+        new = set(stored)
+        by_group: dict[int, list[tuple[int, OffloadKey]]] = {}
+        for group, c in chunks:
+            if group.keys[c] in new:
+                by_group.setdefault(group.index, []).append((c, group.keys[c]))
+        for index, pairs in by_group.items():
+            self._observer(req_id, index, pairs)
 
     def _touch_prefix(self, state: RequestState) -> None:
         """Recency for the chunks the request hit or offered, once, head last."""

@@ -150,6 +150,19 @@ def test_reset_drops_everything_and_ignores_late_completions() -> None:
     assert m.lookup_prefix(keys(3, 4), CTX).ready == 2
 
 
+def test_reset_announces_what_was_readable_as_removed() -> None:
+    m = CPUOffloadingManager(4, enable_events=True)
+    stored(m, [1, 2])
+    writing = m.prepare_store(keys(3), CTX)
+    assert writing is not None
+    m.take_events()
+    m.reset_cache()
+    events = m.take_events()
+    assert [(set(e.keys), e.removed) for e in events] == [({k(1), k(2)}, True)]
+    m.reset_cache()
+    assert m.take_events() == [], "an empty tier announces nothing"
+
+
 def test_on_new_request_gives_chunk_level_policy() -> None:
     m = CPUOffloadingManager(2)
     assert m.on_new_request(CTX).policy is OffloadPolicy.CHUNK_LEVEL

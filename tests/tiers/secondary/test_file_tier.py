@@ -58,6 +58,10 @@ def test_rebuild_removes_temporary_files_and_keeps_chunks(
     leftover.write_bytes(b"half a chunk")
     again = tier_at(tmp_path, buffer)
     assert not leftover.exists()
+    # What it found is announced as stored, for KV-event consumers.
+    assert [(set(e.keys), e.removed) for e in again.take_events()] == [
+        ({key(1), key(2)}, False)
+    ]
     assert [resolve(again, key(i)) for i in (1, 2, 3)] == [
         LookupResult.HIT,
         LookupResult.HIT,

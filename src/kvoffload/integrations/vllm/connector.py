@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -33,6 +33,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 from kvoffload.integrations.vllm.engine_shape import EngineShape
+from kvoffload.integrations.vllm.kv_events import KVEventDescriber
 from kvoffload.integrations.vllm.messages import (
     KVOffloadMetadata,
     KVOffloadWorkerMetadata,
@@ -40,7 +41,6 @@ from kvoffload.integrations.vllm.messages import (
 from kvoffload.integrations.vllm.scheduler_side import SchedulerSide
 from kvoffload.integrations.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.integrations.vllm.worker_side import WorkerSide
-from kvoffload.keys import offload_key_block_hash, offload_key_group
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -99,8 +99,14 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             events = vllm_config.kv_events_config
-            enable_events = bool(events is not None and events.enable_kv_cache_events)
-            self._scheduler = SchedulerSide(self._settings, shape, enable_events)
+            # Stores in flight each hold a host slot: no more are pending.
+            slots = shape.pool_geometry().num_slots_for(self._settings.cpu_bytes_to_use)
+            describer = (
+                KVEventDescriber(kv_cache_config, shape, pending=slots)
+                if events is not None and events.enable_kv_cache_events
+                else None
+            )
+            self._scheduler = SchedulerSide(self._settings, shape, describer)
         else:
             self._worker = WorkerSide(self._settings, shape, _tp_rank())
 
@@ -215,24 +221,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        for event in self.scheduler_side.take_events():
-            hashes: list[bytes | int] = [offload_key_block_hash(k) for k in event.keys]
-            group = offload_key_group(event.keys[0]) if event.keys else None
-            if event.removed:
-                yield BlockRemoved(
-                    block_hashes=hashes, medium=event.medium.upper(), group_idx=group
-                )
-            else:
-                size = self.scheduler_side.shape.groups[group or 0]
-                yield BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=size.tokens_per_block * size.blocks_per_chunk,
-                    lora_id=None,
-                    medium=event.medium.upper(),
-                    lora_name=None,
-                )
+        return self.scheduler_side.take_events()
 
     def reset_cache(self) -> bool | None:
         return self.scheduler_side.reset_cache()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.connector import (
     ConnectorConfig,
@@ -24,11 +24,16 @@ from kvoffload.integrations.vllm.engine_shape import VLLM_NULL_BLOCK, EngineShap
 from kvoffload.integrations.vllm.messages import KVOffloadWorkerMetadata
 from kvoffload.integrations.vllm.requests import VllmRequestView
 from kvoffload.integrations.vllm.stats import KVOffloadStats, StatsDelta
-from kvoffload.keys import BlockHasher
-from kvoffload.tiers.base import OffloadingEvent, OffloadingManager
+from kvoffload.keys import BlockHasher, OffloadKey
+from kvoffload.tiers.base import OffloadingManager
 from kvoffload.tiers.primary import CPUOffloadingManager
 from kvoffload.tiers.secondary import RankedChunkBuffer
 from kvoffload.worker import HostPool
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
+
+    from kvoffload.integrations.vllm.kv_events import KVEventDescriber
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +86,15 @@ class SchedulerSide:
     """Everything the scheduler-role connector does."""
 
     def __init__(
-        self, settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
+        self,
+        settings: KVOffloadSettings,
+        shape: EngineShape,
+        events: KVEventDescriber | None = None,
     ):
+        """`events`, with vLLM's KV events on, describes chunks for them."""
         self.shape = shape
-        self.manager, self._pools = build_manager(settings, shape, enable_events)
+        self._events = events
+        self.manager, self._pools = build_manager(settings, shape, events is not None)
         config = ConnectorConfig(
             groups=tuple(
                 GroupSpec(g.tokens_per_block, g.blocks_per_chunk) for g in shape.groups
@@ -95,12 +105,23 @@ class SchedulerSide:
             world_size=shape.tp_size,
             null_block_id=VLLM_NULL_BLOCK,
         )
-        self.connector = OffloadConnector(config, self.manager)
+        self.connector = OffloadConnector(
+            config,
+            self.manager,
+            observer=self._describe if events is not None else None,
+        )
         self._hasher = BlockHasher(shape.hash_block_tokens)
         self._fingerprint = shape.model_fingerprint()
         self._views: dict[str, VllmRequestView] = {}
         self._local_hit: dict[str, int] = {}
         self._stats = StatsDelta()
+
+    def _describe(
+        self, request_id: str, group: int, chunks: Sequence[tuple[int, OffloadKey]]
+    ) -> None:
+        view = self._views.get(request_id)
+        if view is not None and self._events is not None:
+            self._events.describe(view.request, group, chunks)
 
     def _view(self, request: Any) -> VllmRequestView:
         view = self._views.get(request.request_id)
@@ -188,8 +209,10 @@ class SchedulerSide:
 
     # -- cache-wide --------------------------------------------------------------
 
-    def take_events(self) -> list[OffloadingEvent]:
-        return self.connector.take_events()
+    def take_events(self) -> list[KVCacheEvent]:
+        """vLLM KV events for the chunks stored and removed since the last call."""
+        events = self.connector.take_events()
+        return self._events.translate(events) if self._events is not None else []
 
     def get_stats(self) -> KVOffloadStats:
         return self._stats.take(
@@ -198,6 +221,8 @@ class SchedulerSide:
 
     def reset_cache(self) -> bool:
         self.connector.reset_cache()
+        if self._events is not None:
+            self._events.reset()
         return True
 
     def shutdown(self) -> None:

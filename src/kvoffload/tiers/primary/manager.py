@@ -258,6 +258,12 @@ class CPUOffloadingManager(OffloadingManager):
         return events
 
     def reset_cache(self) -> None:
+        if self._events is not None:  # what was announced as stored leaves
+            readable = tuple(k for k in self._slots if k not in self._writing)
+            if readable:
+                self._events.append(
+                    OffloadingEvent(readable, self.medium, True, self.name)
+                )
         self._policy.clear()
         self._filter.clear()
         self._slots.clear()

@@ -78,6 +78,7 @@ class FileTier(SecondaryTier):
         self._jobs: dict[int, _JobRecord] = {}
         self._stats = TierStats(capacity=self._capacity_chunks)
         kept = self._rebuild_index()
+        self._record_event(kept, False)  # readable from the start
         self._rescan = (
             Rescanner(self._files, self._executor, config.rescan_interval_s, kept)
             if config.rescan_interval_s

