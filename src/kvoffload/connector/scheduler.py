@@ -33,7 +33,12 @@ from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
 from kvoffload.connector.request_state import GroupState, RequestState
-from kvoffload.connector.transfers import chunks_to_store, plan_load, store_transfers
+from kvoffload.connector.transfers import (
+    chunks_to_store,
+    load_span,
+    plan_load,
+    store_transfers,
+)
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     OffloadingEvent,
@@ -264,9 +269,8 @@ class OffloadConnector:
         """The chunks covering tokens [start, end) of every group are loaded."""
         assert self._observer is not None
         for group in state.groups:
-            first = start // group.tokens_per_chunk
-            last = (end - 1) // group.tokens_per_chunk
-            span = range(first, min(last + 1, len(group.keys)))
+            chunks = load_span(group, start, end)
+            span = range(chunks.start, min(chunks.stop, len(group.keys)))
             if span:
                 self._observer(
                     state.req_id, group.index, [(c, group.keys[c]) for c in span]

@@ -31,10 +31,9 @@ def plan_load(
     for group in state.groups:
         first_block = start_token // group.tokens_per_block
         end_block = end_token // group.tokens_per_block
-        first_chunk = first_block // group.blocks_per_chunk
-        last_chunk = (end_block - 1) // group.blocks_per_chunk
-        spans.append((group, first_block, end_block, first_chunk, len(keys)))
-        keys.extend(group.keys[first_chunk : last_chunk + 1])
+        chunks = load_span(group, start_token, end_token)
+        spans.append((group, first_block, end_block, chunks.start, len(keys)))
+        keys.extend(group.keys[chunks.start : chunks.stop])
     slots = manager.prepare_load(keys, state.ctx)
     transfers: list[GroupTransfer] = []
     for group, first_block, end_block, first_chunk, key_offset in spans:
@@ -49,6 +48,15 @@ def plan_load(
             host.append(slots[key_offset + chunk - first_chunk] * per + block % per)
         transfers.append(GroupTransfer(group.index, tuple(engine), tuple(host)))
     return tuple(keys), tuple(transfers)
+
+
+def load_span(group: GroupState, start_token: int, end_token: int) -> range:
+    """The chunks of `group` whose blocks a load of tokens [start, end) fills
+    (whole blocks only: a partial last block is left to the engine)."""
+    per = group.blocks_per_chunk
+    first_block = start_token // group.tokens_per_block
+    end_block = end_token // group.tokens_per_block
+    return range(first_block // per, (end_block - 1) // per + 1)
 
 
 def chunks_to_store(

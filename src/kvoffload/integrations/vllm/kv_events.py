@@ -42,6 +42,7 @@ from vllm.v1.core.kv_cache_utils import (
 from kvoffload.integrations.vllm.engine_shape import EngineShape
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import OffloadingEvent
+from kvoffload.tiers.primary import CPUOffloadingManager
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +166,8 @@ class KVEventDescriber:
         """vLLM events for kvoffload's stored/removed events, in order."""
         out, self._late = self._late, []
         for event in events:
-            owner = None if event.tier == "cpu" else event.tier
+            # Secondary tiers are named in `ownership`; host memory is the engine's.
+            owner = None if event.tier == CPUOffloadingManager.name else event.tier
             medium = event.medium.upper()
             if event.removed:
                 out.extend(self._removed(event.keys, event.tier, medium, owner))
