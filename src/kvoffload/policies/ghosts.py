@@ -86,7 +86,9 @@ class GhostHistory:
             newest = times[-1]
         young = self.young
         # One C-level pass, no bytecode per victim: the policy's hottest path.
-        young.update(zip(victims, map(segment.pop, victims), strict=True))
+        # (zip without `strict`: its keyword parsing costs more than the check,
+        # and both sides walk the same list.)
+        young.update(zip(victims, map(segment.pop, victims)))  # noqa: B905
         n = len(victims)
         count = self._evicted[which] = self._evicted[which] + n
         times.append(newest)
@@ -188,18 +190,20 @@ class SplitController:
         # Ageing without touching every bin: new counts weigh 1/decay more each
         # epoch (only ratios of the counts matter), rescaled once in a while.
         self._weight = 1.0
-        self._pending = False
+        # Whether a near miss came since the last request ended (`end_request`
+        # has nothing to do otherwise; callers may skip the call).
+        self.pending = False
         self._requests = 0
 
     def near_miss(self, segment: int, distance: int, n: int = 1) -> None:
         self._near[segment][distance.bit_length()] += self._weight * n
-        self._pending = True
+        self.pending = True
 
     def end_request(self, ghosts: GhostHistory) -> None:
         """A request ended (its touch); adapt once `epoch` requests had near misses."""
-        if not self._pending:
+        if not self.pending:
             return
-        self._pending = False
+        self.pending = False
         self._requests += 1
         if self._requests < self.epoch:
             return

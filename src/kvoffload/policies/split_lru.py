@@ -50,17 +50,19 @@ def _probably_unknown(
     young: dict[OffloadKey, int],
     old: dict[OffloadKey, int],
 ) -> bool:
-    """Whether the keys after `keys[i]` look unknown to the history: probes at
-    distances 1, 2, 4, ... and the last key. A remembered key between probes is
-    then taken for a new one (stored as once-seen, nothing learned from it):
-    measured, that changed one hit ratio in the documented tables by 0.0006."""
+    """Whether the keys after `keys[i]`, the first one the history does not know,
+    look unknown too: the next key and the last one are probed. A key's hash
+    chains its prefix, so the keys after one never seen are new as well; after
+    one forgotten, the later keys (evicted earlier, tail first) are nearly always
+    forgotten too. A remembered key between the probes is then taken for a new
+    one (stored as once-seen, nothing learned from it). Probing every
+    power-of-two distance as well gave the same 30 sequential hit ratios behind
+    the documented tables, to four decimals, for more lookups."""
     n = len(keys)
-    step = 1
-    while i + step < n:
-        key = keys[i + step]
+    if i + 1 < n:
+        key = keys[i + 1]
         if key in young or key in old:
             return False
-        step <<= 1
     last = keys[n - 1]
     return not (last in young or last in old)
 
@@ -118,8 +120,8 @@ class SplitLRUPolicy(EvictionPolicy):
         # runs with one stamp (a request's chunks were stored or touched
         # together), learned from once per run. A key's hash chains its prefix,
         # so the keys after one the history does not know are nearly always
-        # unknown too (unless it forgot a head before its tail). A few of them
-        # are probed; if none is known, the rest are added in a plain loop
+        # unknown too (unless it forgot a head before its tail). Two of them
+        # are probed; if neither is known, the rest are added in a plain loop
         # without lookups (each a likely cache miss in a table of 3c keys), else
         # the loop goes on key by key.
         young, old = self._ghosts.young, self._ghosts.old
@@ -227,7 +229,9 @@ class SplitLRUPolicy(EvictionPolicy):
         tail = keys[-1]
         if tail in new and tail in once:
             self._store_tail(tail, now)
-        self._control.end_request(self._ghosts)
+        control = self._control
+        if control.pending:  # most requests had no near miss
+            control.end_request(self._ghosts)
 
     def _store_tail(self, tail: OffloadKey, now: int) -> None:
         """Tag the request's last chunk; demote it if tails are reused far less."""
