@@ -8,6 +8,7 @@ and compared token by token with a run without any connector.
 from __future__ import annotations
 
 import logging
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,35 @@ def test_file_tier_serves_a_new_engine_on_the_same_directory(
     again = run(restarted, A)
     assert again.num_cached_tokens == 2 * BLOCK
     assert tokens(again) == reference
+
+
+def test_file_tier_does_not_serve_weights_replaced_at_the_same_path(
+    llm_factory: LLMFactory,
+    tiny_model: BuiltModel,
+    reference: list[int],
+    tmp_path: Path,
+) -> None:
+    """A new checkpoint written over the old one, same path, config and size: the
+    chunks the old weights left on disk are a miss, never the new model's KV."""
+    from safetensors.torch import load_file, save_file
+
+    model = BuiltModel(tmp_path / "model", tiny_model.spec)
+    shutil.copytree(tiny_model.path, model.path)
+    tiers = [{"type": "file", "path": str(tmp_path / "kv"), "capacity": "64MiB"}]
+    old = make(llm_factory, model, kv_transfer_config=kv_config(secondary_tiers=tiers))
+    run(old, A)
+    evict(old)  # A's chunks reach the disk
+    old.llm_engine.engine_core.shutdown()
+
+    weights = model.path / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({name: t.flip(0).contiguous() for name, t in tensors.items()}, weights)
+    new = make(llm_factory, model, kv_transfer_config=kv_config(secondary_tiers=tiers))
+    again = run(new, A)
+    assert again.num_cached_tokens == 0, "old weights' KV must not be loaded"
+    assert tokens(again) != reference, "the new weights give another answer"
+    evict(new)
+    assert run(new, A).num_cached_tokens == 2 * BLOCK, "its own chunks still hit"
 
 
 @pytest.fixture

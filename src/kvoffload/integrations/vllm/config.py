@@ -27,6 +27,8 @@ KEYS: dict[str, str] = {
     "secondary_tiers": "list of tiers behind host memory: {'type': 'file', 'path': ..., "
     "'capacity': ...} or {'type': 'redis', 'url': ...}",
     "max_defer_s": "longest a request waits for chunks still in flight (default 1.0)",
+    "model_tag": "names the weights in keys, files and Redis instead of the model's "
+    "path and a sample of its weight files (a checkpoint version, say)",
 }
 
 
@@ -61,6 +63,7 @@ class KVOffloadSettings:
     offload_prompt_only: bool = True
     secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=())
     max_defer_s: float = 1.0
+    model_tag: str | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVOffloadSettings:
@@ -120,6 +123,11 @@ class KVOffloadSettings:
             raise ValueError(
                 f"kv_connector_extra_config['max_defer_s']: {defer!r} is not a number >= 0"
             )
+        tag = extra.get("model_tag")
+        if tag is not None and (not isinstance(tag, str) or not tag.strip()):
+            raise ValueError(
+                f"kv_connector_extra_config['model_tag']: {tag!r} is not a non-empty string"
+            )
         return cls(
             cpu_bytes_to_use=cpu,
             chunk_tokens=chunk_tokens,
@@ -130,6 +138,7 @@ class KVOffloadSettings:
             offload_prompt_only=_bool(extra, "offload_prompt_only", True),
             secondary_tiers=tuple(dict(t) for t in tiers),
             max_defer_s=float(defer),
+            model_tag=tag,
         )
 
     def blocks_per_chunk_for(self, engine_block_tokens: int) -> int:

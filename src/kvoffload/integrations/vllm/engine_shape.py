@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.model_identity import model_identity
 from kvoffload.tiers.secondary import make_fingerprint
 from kvoffload.worker import GroupGeometry, PoolGeometry
 
@@ -41,7 +42,7 @@ class EngineShape:
     groups: tuple[GroupShape, ...]
     num_blocks: int
     hash_block_tokens: int
-    model: str
+    model: str  # `model_identity`: what names the model's KV
     dtype: str
     tp_size: int
     engine_id: str
@@ -82,7 +83,7 @@ class EngineShape:
             groups=tuple(groups),
             num_blocks=int(kv_cache_config.num_blocks),
             hash_block_tokens=hash_tokens,
-            model=f"{model.model}@{getattr(model, 'revision', None) or ''}",
+            model=model_identity(vllm_config, settings.model_tag),
             dtype=str(model.dtype),
             tp_size=int(parallel.tensor_parallel_size),
             engine_id=str(transfer.engine_id),

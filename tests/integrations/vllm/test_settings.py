@@ -1,0 +1,64 @@
+"""`kv_connector_extra_config` at start-up: good values parse, a bad one raises
+an error that names the key and the value (SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+
+
+def parse(**extra: Any) -> KVOffloadSettings:
+    return KVOffloadSettings.from_extra_config({"cpu_bytes_to_use": "1GiB", **extra})
+
+
+def test_good_values_parse() -> None:
+    settings = parse(
+        block_size=256,
+        eviction_policy="split",
+        store_threshold=2,
+        offload_prompt_only=False,
+        secondary_tiers=[{"type": "file", "path": "/tmp/kv", "capacity": "8GiB"}],
+        max_defer_s=0.5,
+        model_tag="llama-ft-v3",
+    )
+    assert settings.cpu_bytes_to_use == 1 << 30
+    assert settings.blocks_per_chunk_for(16) == 16
+    assert settings.eviction_policy == "split"
+    assert settings.store_threshold == 2
+    assert settings.offload_prompt_only is False
+    assert settings.max_defer_s == 0.5
+    assert settings.model_tag == "llama-ft-v3"
+    assert parse().model_tag is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"block_size": 0}, r"\['block_size'\]: 0 is not an integer >= 1"),
+        ({"blocks_per_chunk": "2"}, r"\['blocks_per_chunk'\]: '2' is not an integer"),
+        ({"block_size": 32, "blocks_per_chunk": 2}, "not both"),
+        ({"eviction_policy": "mru"}, r"\['eviction_policy'\]: .*mru"),
+        ({"store_threshold": -1}, r"\['store_threshold'\]: -1"),
+        ({"offload_prompt_only": "yes"}, r"\['offload_prompt_only'\]: 'yes'"),
+        ({"secondary_tiers": "file"}, r"\['secondary_tiers'\]: 'file' is not a list"),
+        ({"secondary_tiers": [{"type": "tape"}]}, r"\['secondary_tiers'\]\[0\]"),
+        ({"max_defer_s": -1}, r"\['max_defer_s'\]: -1 is not a number >= 0"),
+        ({"max_defer_s": True}, r"\['max_defer_s'\]: True"),
+        ({"model_tag": ""}, r"\['model_tag'\]: '' is not a non-empty string"),
+        ({"model_tag": 3}, r"\['model_tag'\]: 3 is not a non-empty string"),
+        ({"cpu_bytes": "1GiB"}, r"unknown key\(s\) \['cpu_bytes'\]"),
+    ],
+)
+def test_a_bad_value_names_the_key_and_the_value(
+    extra: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(**extra)
+
+
+def test_host_memory_is_required() -> None:
+    with pytest.raises(ValueError, match=r"\['cpu_bytes_to_use'\] is required"):
+        KVOffloadSettings.from_extra_config({})
