@@ -74,3 +74,33 @@ def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
     assert reader.lookup(key(3), CTX) is LookupResult.HIT
     for tier in (reader, writer):
         tier.shutdown()
+
+
+def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    reader = tier_at(
+        tmp_path, buffer, capacity=2 * FILE_SIZE, rescan_interval_s=RESCAN_S
+    )
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer)
+    store(writer, writer_buffer, [1, 2])
+    wait_for_hit(reader, [1, 2])
+    reader.take_events()
+
+    Path(writer.chunk_path(key(1))).unlink()  # the writer evicted it
+    deadline = time.monotonic() + 10.0
+    while reader.lookup(key(1), CTX) is LookupResult.HIT:
+        assert time.monotonic() < deadline, "a deleted chunk stayed a hit"
+        reader.get_finished_jobs()
+        time.sleep(0.005)
+    assert reader.used_bytes == FILE_SIZE
+    removed = [e.keys for e in reader.take_events() if e.removed]
+    assert removed == [(key(1),)]
+    # The room it held takes a new chunk without evicting the other one.
+    store(reader, buffer, [3])
+    assert reader.lookup(key(2), CTX) is LookupResult.HIT
+    assert reader.lookup(key(3), CTX) is LookupResult.HIT
+    assert reader.get_stats().evictions == 0
+    for tier in (reader, writer):
+        tier.shutdown()

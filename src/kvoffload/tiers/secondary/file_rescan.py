@@ -2,8 +2,9 @@
 
 A rescan walks the directory on the tier's I/O pool, never on the scheduler
 thread, and keeps the set of keys it saw; what it hands over is only the files
-that appeared since the previous scan, so the scheduler thread's share of the
-work grows with what other engines wrote, not with the directory's size.
+that appeared since the previous scan and the keys whose files disappeared
+(another engine evicted them), so the scheduler thread's share of the work grows
+with what other engines did, not with the directory's size.
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from functools import partial
+from typing import NamedTuple
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.secondary.executor import JobExecutor
 from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
 
 logger = logging.getLogger(__name__)
+
+
+class ScanNews(NamedTuple):
+    """What changed in the directory since the last poll."""
+
+    found: list[ScannedFile]  # new files, oldest first
+    deleted: list[OffloadKey]  # files `Rescanner.delete` removed
+    vanished: list[OffloadKey]  # files gone that this rescanner did not delete
 
 
 class Rescanner:
@@ -40,23 +50,25 @@ class Rescanner:
         self._lock = threading.Lock()
         self._found: list[ScannedFile] = []
         self._deleted: list[OffloadKey] = []
+        self._vanished: list[OffloadKey] = []
         self._scanning = False
         self._due = time.monotonic() + interval_s
 
-    def poll(self) -> tuple[list[ScannedFile], list[OffloadKey]]:
-        """On the scheduler thread: files new since the last poll (oldest first)
-        and keys whose files `delete` has removed; starts a scan when one is due."""
+    def poll(self) -> ScanNews:
+        """On the scheduler thread: what changed since the last poll; starts a
+        scan when one is due."""
         now = time.monotonic()
         with self._lock:
             found, self._found = self._found, []
             deleted, self._deleted = self._deleted, []
+            vanished, self._vanished = self._vanished, []
             start = not self._scanning and now >= self._due
             if start:
                 self._scanning = True
                 self._due = now + self._interval_s
         if start:
             self._executor.submit_call("rescan", self._scan)
-        return found, deleted
+        return ScanNews(found, deleted, vanished)
 
     def delete(self, keys: Sequence[OffloadKey]) -> None:
         """Remove the files of `keys` on the pool; `poll` reports them when gone."""
@@ -66,16 +78,22 @@ class Rescanner:
 
     def _scan(self) -> None:
         new: list[ScannedFile] = []
+        gone: list[OffloadKey] = []
         try:
             found = list(self._files.scan(remove_temporary=False))
             seen = self._seen
             new = sorted((f for f in found if f.key not in seen), key=lambda f: f.mtime)
-            self._seen = {f.key for f in found}
+            keys = {f.key for f in found}
+            # Files this rescanner deleted are reported by `_delete` already;
+            # reporting them again is harmless (the index no longer has them).
+            gone = [k for k in seen if k not in keys]
+            self._seen = keys
         except OSError as exc:
             logger.warning("rescan of %s failed: %s", self._files.directory, exc)
         finally:
             with self._lock:
                 self._found.extend(new)
+                self._vanished.extend(gone)
                 self._scanning = False
 
     def _delete(self, keys: tuple[OffloadKey, ...]) -> None:

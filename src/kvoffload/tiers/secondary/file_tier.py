@@ -137,10 +137,16 @@ class FileTier(SecondaryTier):
 
     def _adopt_shared(self, rescan: Rescanner) -> None:
         """Index the files other engines wrote since the last rescan; evict for
-        them as for a store (an unreadable one is a miss on load, as ever)."""
-        found, deleted = rescan.poll()
+        them as for a store (an unreadable one is a miss on load, as ever); drop
+        the readable chunks whose files other engines deleted."""
+        found, deleted, vanished = rescan.poll()
         if deleted:
             self._index.deleted(deleted)
+        if vanished:
+            # A chunk written again since the scan looked is dropped too; its
+            # file is then new to the next scan, which indexes it again.
+            gone = [key for key in vanished if self._index.forget(key)]
+            self._record_event(gone, True)
         adopted: list[OffloadKey] = []
         victims: list[OffloadKey] = []
         for scanned in found:
