@@ -14,7 +14,11 @@ from kvoffload.tiers.secondary import (
     SecondaryTier,
     create_secondary_tier,
 )
-from kvoffload.tiers.secondary.redis_server import RedisServer, find_redis_server
+from kvoffload.tiers.secondary.redis_server import (
+    RedisClusterServers,
+    RedisServer,
+    find_redis_server,
+)
 from tests.tiers.secondary.secondary_support import (
     FINGERPRINT,
     GROUPS,
@@ -28,12 +32,16 @@ def buffer() -> ArrayChunkBuffer:
     return ArrayChunkBuffer(16, SLOT, GROUPS)
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def _require_redis_server() -> None:
     if find_redis_server() is None:
         pytest.skip(
             "redis-server binary not found (Debian package redis-server; `make test` installs it)"
         )
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    _require_redis_server()
     server = RedisServer(str(tmp_path_factory.mktemp("redis")))
     server.start()
     yield server
@@ -46,14 +54,35 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
-@pytest.fixture(params=["memory", "file", "redis"])
+@pytest.fixture(scope="session")
+def redis_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisClusterServers]:
+    """Three redis-server nodes joined into a Redis Cluster on loopback."""
+    _require_redis_server()
+    with RedisClusterServers(str(tmp_path_factory.mktemp("cluster"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
+    for node in redis_cluster.nodes:
+        redis.Redis(port=node.port).flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture(params=["memory", "file", "redis", "redis-cluster"])
 def make_tier(
     request: pytest.FixtureRequest, tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> Iterator[TierFactory]:
     """Builds a tier of the parametrized type on the shared buffer."""
     kind = request.param
     built: list[SecondaryTier] = []
-    url = request.getfixturevalue("redis_url") if kind == "redis" else ""
+    url = ""
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif kind == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster_url")
 
     def make(**overrides: Any) -> SecondaryTier:
         mapping: dict[str, Any] = {"type": kind}
@@ -62,7 +91,9 @@ def make_tier(
         elif kind == "file":
             mapping.update(path=str(tmp_path / "tier"), capacity="1MiB")
         else:
-            mapping.update(url=url, timeout_s=2.0)
+            mapping.update(type="redis", url=url, timeout_s=2.0)
+            if kind == "redis-cluster":
+                mapping["cluster"] = True
         mapping.update(overrides)
         tier = create_secondary_tier(mapping, buffer, FINGERPRINT)
         built.append(tier)

@@ -95,6 +95,15 @@ def test_missing_required_key_is_a_value_error() -> None:
             r"backoff_max_s: 1 must be >= ",
         ),
         ({"batch_bytes": "1MB", "key_prefix": ""}, r"key_prefix: '' must be"),
+        ({"cluster": "yes"}, r"cluster: 'yes' must be true or false"),
+        (
+            {"cluster": True, "url": "unix:///run/redis.sock"},
+            r"cluster: a Redis Cluster is reached over TCP",
+        ),
+        (
+            {"options": {"cluster_error_retry_attempts": 3}},
+            r"options: \['cluster_error_retry_attempts'\] are set by the tier",
+        ),
     ],
 )
 def test_redis_config_errors(overrides: dict[str, object], message: str) -> None:

@@ -148,6 +148,7 @@ _REDIS_OWNED_OPTIONS = frozenset(
         "retry_on_error",
         "decode_responses",
         "single_connection_client",
+        "cluster_error_retry_attempts",
     }
 )
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -155,9 +156,11 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 @dataclass(frozen=True)
 class RedisTierConfig:
-    """A Redis or Valkey server. `options` go to `redis.Redis.from_url` as they
-    are (`password`, `username`, `ssl_ca_certs`, `ssl_certfile`, ...); the URL
-    may carry the password too, and `rediss://` turns TLS on."""
+    """A Redis or Valkey server, or with `cluster` a Redis Cluster (the URL names
+    any one of its nodes). `options` go to `redis.Redis.from_url` (or
+    `RedisCluster.from_url`) as they are (`password`, `username`, `ssl_ca_certs`,
+    `ssl_certfile`, ...); the URL may carry the password too, and `rediss://`
+    turns TLS on."""
 
     url: str
     name: str = "redis"
@@ -173,6 +176,7 @@ class RedisTierConfig:
     miss_cache_s: float = 1.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    cluster: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -204,6 +208,12 @@ class RedisTierConfig:
         )
         if self.batch_bytes < 1:
             raise ValueError(f"batch_bytes: {self.batch_bytes!r} must be > 0")
+        if not isinstance(self.cluster, bool):
+            raise ValueError(f"cluster: {self.cluster!r} must be true or false")
+        if self.cluster and self.url.startswith("unix://"):
+            raise ValueError(
+                "cluster: a Redis Cluster is reached over TCP, not unix://"
+            )
         if not isinstance(self.options, Mapping) or not all(
             isinstance(k, str) for k in self.options
         ):

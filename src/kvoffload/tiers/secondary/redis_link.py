@@ -14,6 +14,7 @@ import threading
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from kvoffload.tiers.secondary.base import Clock
@@ -23,26 +24,48 @@ logger = logging.getLogger(__name__)
 
 
 class RedisLink:
-    """A redis-py client plus an up/down state driven by call outcomes."""
+    """A redis-py client plus an up/down state driven by call outcomes.
+
+    With `cluster`, the client is a `RedisCluster`. It asks the node in the URL
+    for the slot map when it is made, so it is made on first use, on an I/O
+    thread, where a failure is a failed call like any other (a cluster that is
+    down at start-up gives misses, not an engine that does not start)."""
 
     def __init__(self, config: RedisTierConfig, clock: Clock) -> None:
         self._config = config
         self._clock = clock
-        self.client: redis.Redis = redis.Redis.from_url(
-            config.url,
-            socket_timeout=config.timeout_s,
-            socket_connect_timeout=config.timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-            **dict(config.options),
-        )
+        self._client: redis.Redis | RedisCluster | None = None
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._down = False
         self._backoff = config.backoff_initial_s
         self.failures = 0
         """Calls that failed (connection lost, timeout, server error)."""
+
+    @property
+    def client(self) -> redis.Redis | RedisCluster:
+        """The client, made on first use; raises what a failed call raises."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._connect()
+                client = self._client
+        return client
+
+    def _connect(self) -> redis.Redis | RedisCluster:
+        config = self._config
+        common = {
+            "socket_timeout": config.timeout_s,
+            "socket_connect_timeout": config.timeout_s,
+            "retry": Retry(NoBackoff(), 0),  # no client-side retries: a miss
+            **dict(config.options),
+        }
+        if config.cluster:
+            return RedisCluster.from_url(config.url, **common)
+        return redis.Redis.from_url(
+            config.url, retry_on_timeout=False, health_check_interval=0, **common
+        )
 
     def available(self) -> bool:
         """Whether to call the server now (up, or due for a probe)."""
@@ -79,7 +102,13 @@ class RedisLink:
             self._backoff = min(2 * self._backoff, self._config.backoff_max_s)
 
     def close(self) -> None:
+        if self._client is None:
+            return
         try:
-            self.client.close()
-        except (redis.RedisError, OSError) as exc:
+            self._client.close()
+        except (
+            redis.RedisError,
+            redis.exceptions.RedisClusterException,
+            OSError,
+        ) as exc:
             logger.debug("redis tier %s: close: %s", self._config.name, exc)

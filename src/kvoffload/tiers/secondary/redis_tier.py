@@ -25,6 +25,7 @@ from functools import partial
 from typing import cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.tiers.base import (
@@ -58,7 +59,8 @@ logger = logging.getLogger(__name__)
 
 _MAX_KNOWN_KEYS = 200_000
 _MAX_LOOKUP_BATCH = 1024
-_REDIS_ERRORS = (redis.RedisError, OSError)
+# RedisClusterException (no slot coverage, say) is not a RedisError.
+_REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 @dataclass(frozen=True)
@@ -279,17 +281,19 @@ class RedisTier(SecondaryTier):
             self._answers.append((keys, present))
 
     def _store_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
-        pipe = self._link.client.pipeline(transaction=False)
         num_bytes = 0
-        for i in indices:
-            key = job.keys[i]
-            parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
-            n = sum(len(part) for part in parts)
-            header = encode_header(key, self._fingerprint, n, payload_checksum(parts))
-            value = b"".join((header, *parts))  # one allocation, one copy of each
-            pipe.set(self.redis_key(key), value, px=self._ttl_ms)
-            num_bytes += n
         try:
+            pipe = self._link.client.pipeline(transaction=False)
+            for i in indices:
+                key = job.keys[i]
+                parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
+                n = sum(len(part) for part in parts)
+                header = encode_header(
+                    key, self._fingerprint, n, payload_checksum(parts)
+                )
+                value = b"".join((header, *parts))  # one allocation, one copy each
+                pipe.set(self.redis_key(key), value, px=self._ttl_ms)
+                num_bytes += n
             pipe.execute()
         except _REDIS_ERRORS as exc:
             self._link.failed(exc)
@@ -300,7 +304,13 @@ class RedisTier(SecondaryTier):
     def _load_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
         names = [self.redis_key(job.keys[i]) for i in indices]
         try:
-            values = cast(list[bytes | None], self._link.client.mget(names))
+            client = self._link.client
+            # A cluster's MGET must stay within one slot; the non-atomic form
+            # asks each node for its keys.
+            if isinstance(client, RedisCluster):
+                values = cast(list[bytes | None], client.mget_nonatomic(names))
+            else:
+                values = cast(list[bytes | None], client.mget(names))
         except _REDIS_ERRORS as exc:
             self._link.failed(exc)
             return BatchOutcome(indices, 0)
