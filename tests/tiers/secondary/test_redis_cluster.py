@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import redis
 
 from kvoffload import LookupResult
@@ -110,3 +111,11 @@ def test_an_unreachable_cluster_at_start_up_gives_misses(
     assert Jobs(tier).store([key(2)], [0]).failed_keys == (key(2),)
     assert not tier.connected
     tier.shutdown()
+
+
+def test_a_malformed_cluster_url_still_stops_start_up(
+    buffer: ArrayChunkBuffer,
+) -> None:
+    config = RedisTierConfig("redis://cache:notaport", cluster=True)
+    with pytest.raises(ValueError, match="notaport"):
+        RedisTier(config, buffer, "m")

@@ -15,6 +15,7 @@ import threading
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import parse_url
 from redis.retry import Retry
 
 from kvoffload.tiers.secondary.base import Clock
@@ -26,16 +27,21 @@ logger = logging.getLogger(__name__)
 class RedisLink:
     """A redis-py client plus an up/down state driven by call outcomes.
 
-    With `cluster`, the client is a `RedisCluster`. It asks the node in the URL
-    for the slot map when it is made, so it is made on first use, on an I/O
-    thread, where a failure is a failed call like any other (a cluster that is
-    down at start-up gives misses, not an engine that does not start)."""
+    A plain client connects on its first call. A `RedisCluster` (`cluster`) asks
+    the node in the URL for the slot map when it is made, so it is made on first
+    use, on an I/O thread, where a failure is a failed call like any other (a
+    cluster that is down at start-up gives misses, not an engine that does not
+    start); its URL is parsed here, so a malformed one still stops start-up."""
 
     def __init__(self, config: RedisTierConfig, clock: Clock) -> None:
         self._config = config
         self._clock = clock
-        self._client: redis.Redis | RedisCluster | None = None
         self._lock = threading.Lock()
+        self._client: redis.Redis | RedisCluster | None = None
+        if config.cluster:
+            parse_url(config.url)  # type: ignore[no-untyped-call]  # ValueError if bad
+        else:
+            self._client = self._connect()
         self._down_until = 0.0
         self._down = False
         self._backoff = config.backoff_initial_s
