@@ -23,6 +23,10 @@ from kvoffload.tiers.secondary.config import RedisTierConfig
 
 logger = logging.getLogger(__name__)
 
+# What a failed call raises. RedisClusterException (a cluster that cannot be
+# reached, a slot no node serves) is not a RedisError.
+REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+
 
 class RedisLink:
     """A redis-py client plus an up/down state driven by call outcomes.
@@ -37,6 +41,7 @@ class RedisLink:
         self._config = config
         self._clock = clock
         self._lock = threading.Lock()
+        self._connect_lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
         if config.cluster:
             parse_url(config.url)  # type: ignore[no-untyped-call]  # ValueError if bad
@@ -53,7 +58,7 @@ class RedisLink:
         """The client, made on first use; raises what a failed call raises."""
         client = self._client
         if client is None:
-            with self._lock:
+            with self._connect_lock:
                 if self._client is None:
                     self._client = self._connect()
                 client = self._client
@@ -112,9 +117,5 @@ class RedisLink:
             return
         try:
             self._client.close()
-        except (
-            redis.RedisError,
-            redis.exceptions.RedisClusterException,
-            OSError,
-        ) as exc:
+        except REDIS_ERRORS as exc:
             logger.debug("redis tier %s: close: %s", self._config.name, exc)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
-import redis
 from redis.cluster import RedisCluster
 
 from kvoffload.keys import OffloadKey, offload_key_group
@@ -52,15 +51,13 @@ from kvoffload.tiers.secondary.executor import (
     JobExecutor,
     Task,
 )
-from kvoffload.tiers.secondary.redis_link import RedisLink
+from kvoffload.tiers.secondary.redis_link import REDIS_ERRORS, RedisLink
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
 
 _MAX_KNOWN_KEYS = 200_000
 _MAX_LOOKUP_BATCH = 1024
-# RedisClusterException (no slot coverage, say) is not a RedisError.
-_REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 @dataclass(frozen=True)
@@ -274,7 +271,7 @@ class RedisTier(SecondaryTier):
                 pipe.exists(self.redis_key(key))
             present = [bool(n) for n in pipe.execute()]
             self._link.succeeded()
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._link.failed(exc)
             present = None
         with self._answers_lock:
@@ -295,7 +292,7 @@ class RedisTier(SecondaryTier):
                 pipe.set(self.redis_key(key), value, px=self._ttl_ms)
                 num_bytes += n
             pipe.execute()
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._link.failed(exc)
             return BatchOutcome(indices, 0)
         self._link.succeeded()
@@ -311,7 +308,7 @@ class RedisTier(SecondaryTier):
                 values = cast(list[bytes | None], client.mget_nonatomic(names))
             else:
                 values = cast(list[bytes | None], client.mget(names))
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._link.failed(exc)
             return BatchOutcome(indices, 0)
         self._link.succeeded()
@@ -341,7 +338,7 @@ class RedisTier(SecondaryTier):
         if corrupt:
             try:
                 self._link.client.delete(*corrupt)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
         return BatchOutcome(failed, num_bytes)
 
