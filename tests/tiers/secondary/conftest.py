@@ -14,10 +14,10 @@ from kvoffload.tiers.secondary import (
     SecondaryTier,
     create_secondary_tier,
 )
-from kvoffload.tiers.secondary.redis_server import (
+from kvoffload.tiers.secondary.redis_server import RedisServer, find_redis_server
+from kvoffload.tiers.secondary.redis_topologies import (
     RedisClusterServers,
-    RedisServer,
-    find_redis_server,
+    RedisSentinelServers,
 )
 from tests.tiers.secondary.secondary_support import (
     FINGERPRINT,
@@ -71,7 +71,23 @@ def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
     return redis_cluster.url
 
 
-@pytest.fixture(params=["memory", "file", "redis", "redis-cluster"])
+@pytest.fixture(scope="session")
+def redis_sentinel(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisSentinelServers]:
+    """A master and a replica watched by one sentinel, on loopback."""
+    _require_redis_server()
+    with RedisSentinelServers(str(tmp_path_factory.mktemp("sentinel"))) as servers:
+        yield servers
+
+
+@pytest.fixture
+def redis_sentinel_url(redis_sentinel: RedisSentinelServers) -> str:
+    redis.Redis(port=redis_sentinel.master.port).flushall()
+    return redis_sentinel.url
+
+
+@pytest.fixture(params=["memory", "file", "redis", "redis-cluster", "redis-sentinel"])
 def make_tier(
     request: pytest.FixtureRequest, tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> Iterator[TierFactory]:
@@ -83,6 +99,8 @@ def make_tier(
         url = request.getfixturevalue("redis_url")
     elif kind == "redis-cluster":
         url = request.getfixturevalue("redis_cluster_url")
+    elif kind == "redis-sentinel":
+        url = request.getfixturevalue("redis_sentinel_url")
 
     def make(**overrides: Any) -> SecondaryTier:
         mapping: dict[str, Any] = {"type": kind}

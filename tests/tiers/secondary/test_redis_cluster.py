@@ -11,8 +11,8 @@ import redis
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
-from kvoffload.tiers.secondary.redis_server import RedisClusterServers
 from kvoffload.tiers.secondary.redis_tier import RedisTier
+from kvoffload.tiers.secondary.redis_topologies import RedisClusterServers
 from tests.tiers.secondary.secondary_support import (
     GROUPS,
     Jobs,

@@ -19,6 +19,11 @@ from kvoffload.config.request_params import LOCALITIES
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
 from kvoffload.tiers.secondary.base import Locality
+from kvoffload.tiers.secondary.redis_sentinel import (
+    SENTINEL_SCHEMES,
+    is_sentinel_url,
+    parse_sentinel_url,
+)
 
 C = TypeVar("C")
 
@@ -151,13 +156,14 @@ _REDIS_OWNED_OPTIONS = frozenset(
         "cluster_error_retry_attempts",
     }
 )
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 
 
 @dataclass(frozen=True)
 class RedisTierConfig:
-    """A Redis or Valkey server, or with `cluster` a Redis Cluster (the URL names
-    any one of its nodes). `options` go to `redis.Redis.from_url` (or
+    """A Redis or Valkey server, a master found through Redis Sentinel (a
+    `redis+sentinel://` URL, see `redis_sentinel`), or with `cluster` a Redis
+    Cluster (the URL names any one of its nodes). `options` go to `redis.Redis.from_url` (or
     `RedisCluster.from_url`) as they are (`password`, `username`, `ssl_ca_certs`,
     `ssl_certfile`, ...); the URL may carry the password too, and `rediss://`
     turns TLS on."""
@@ -210,6 +216,13 @@ class RedisTierConfig:
             raise ValueError(f"batch_bytes: {self.batch_bytes!r} must be > 0")
         if not isinstance(self.cluster, bool):
             raise ValueError(f"cluster: {self.cluster!r} must be true or false")
+        if is_sentinel_url(self.url):
+            parse_sentinel_url(self.url)  # raises ValueError saying what is wrong
+            if self.cluster:
+                raise ValueError(
+                    "cluster: a Redis Cluster is not reached through sentinels; "
+                    "give one node's redis:// URL"
+                )
         if self.cluster and self.url.startswith("unix://"):
             raise ValueError(
                 "cluster: a Redis Cluster is reached over TCP, not unix://"

@@ -17,9 +17,11 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from kvoffload.tiers.secondary.base import Clock
 from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_sentinel import is_sentinel_url, parse_sentinel_url
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,9 @@ REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSErro
 class RedisLink:
     """A redis-py client plus an up/down state driven by call outcomes.
 
-    A plain client connects on its first call. A `RedisCluster` (`cluster`) asks
+    A plain client connects on its first call; so does one whose master the
+    sentinels name (`redis+sentinel://`), asking them again on every new
+    connection, so that after a failover the next call reaches the new master. A `RedisCluster` (`cluster`) asks
     the node in the URL for the slot map when it is made, so it is made on first
     use, on an I/O thread, where a failure is a failed call like any other (a
     cluster that is down at start-up gives misses, not an engine that does not
@@ -74,9 +78,10 @@ class RedisLink:
         }
         if config.cluster:
             return RedisCluster.from_url(config.url, **common)
-        return redis.Redis.from_url(
-            config.url, retry_on_timeout=False, health_check_interval=0, **common
-        )
+        plain = {"retry_on_timeout": False, "health_check_interval": 0, **common}
+        if is_sentinel_url(config.url):
+            return _master_through_sentinels(config, plain)
+        return redis.Redis.from_url(config.url, **plain)
 
     def available(self) -> bool:
         """Whether to call the server now (up, or due for a probe)."""
@@ -119,3 +124,25 @@ class RedisLink:
             self._client.close()
         except REDIS_ERRORS as exc:
             logger.debug("redis tier %s: close: %s", self._config.name, exc)
+
+
+def _master_through_sentinels(
+    config: RedisTierConfig, kwargs: dict[str, object]
+) -> redis.Redis:
+    """A client of the master the sentinels in the URL name (nothing is asked
+    until the first call). `options["sentinel_kwargs"]` go to the sentinels."""
+    address = parse_sentinel_url(config.url)
+    master = {**kwargs, **address.master_kwargs()}
+    own = master.pop("sentinel_kwargs", None) or {}
+    if not isinstance(own, dict):
+        raise ValueError(f"options: sentinel_kwargs {own!r} must be a mapping")
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.sentinels),
+        sentinel_kwargs={
+            "socket_timeout": config.timeout_s,
+            "socket_connect_timeout": config.timeout_s,
+            **own,
+        },
+    )
+    client: redis.Redis = sentinels.master_for(address.service, **master)  # type: ignore[no-untyped-call]
+    return client

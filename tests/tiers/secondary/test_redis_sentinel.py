@@ -1,0 +1,96 @@
+"""The Redis tier through Redis Sentinel (`redis+sentinel://` URLs): the master
+is whatever the sentinels name, so a failover costs misses for a moment and no
+data. The contract suite runs through a sentinel too (`make_tier`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from kvoffload import LookupResult
+from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
+from kvoffload.tiers.secondary.redis_sentinel import (
+    SentinelAddress,
+    parse_sentinel_url,
+)
+from kvoffload.tiers.secondary.redis_tier import RedisTier
+from kvoffload.tiers.secondary.redis_topologies import RedisSentinelServers
+from tests.tiers.secondary.secondary_support import (
+    GROUPS,
+    Jobs,
+    key,
+    payload,
+    resolve,
+)
+
+
+def test_sentinel_urls_name_sentinels_service_db_and_master_credentials() -> None:
+    assert parse_sentinel_url(
+        "rediss+sentinel://app:p%40ss@s1:26380,s2/cache/2"
+    ) == SentinelAddress(
+        (("s1", 26380), ("s2", 26379)), "cache", 2, "app", "p@ss", ssl=True
+    )
+    assert parse_sentinel_url("redis+sentinel://s1/cache") == SentinelAddress(
+        (("s1", 26379),), "cache"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://s1:26379", r"must end in /service"),
+        ("redis+sentinel://s1/cache/x", r"db 'x' is not a number"),
+        ("redis+sentinel://:pw@s1:0/cache", r"'s1:0' is not a sentinel host:port"),
+        ("redis+sentinel://:secret@s1,/cache", r"\*\*\*@s1,/cache.*'' is not"),
+    ],
+)
+def test_a_bad_sentinel_url_stops_start_up(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisTierConfig(url)
+
+
+def test_cluster_and_sentinels_do_not_mix() -> None:
+    with pytest.raises(ValueError, match="not reached through sentinels"):
+        RedisTierConfig("redis+sentinel://s1/cache", cluster=True)
+
+
+def replicated(replica_port: int, name: str, timeout_s: float = 10.0) -> None:
+    replica = redis.Redis(port=replica_port)
+    deadline = time.monotonic() + timeout_s
+    while not replica.exists(name):
+        assert time.monotonic() < deadline, "the replica never got the chunk"
+        time.sleep(0.02)
+
+
+def test_after_a_failover_the_chunks_load_from_the_new_master(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    with RedisSentinelServers(str(tmp_path)) as servers:
+        assert servers.replica is not None
+        config = RedisTierConfig(servers.url, timeout_s=0.5, backoff_initial_s=0.1)
+        tier = RedisTier(config, buffer, "m")
+        buffer.slot_view(0)[: GROUPS[0]] = payload(key(1), GROUPS[0])
+        assert Jobs(tier).store([key(1)], [0]).success
+        replicated(servers.replica.port, tier.redis_key(key(1)))
+
+        servers.master.kill()
+        new_master = servers.replica.port
+        servers.wait_for(lambda c: servers.master_port() == new_master, timeout_s=30.0)
+        # Calls during the failover fail and back off; then the new master
+        # serves the chunk, byte for byte.
+        deadline = time.monotonic() + 30.0
+        while True:
+            result = Jobs(tier).load([key(1)], [5])
+            if result.success:
+                break
+            assert time.monotonic() < deadline, "never reached the new master"
+            time.sleep(0.1)
+        assert bytes(buffer.slot_view(5)[: GROUPS[0]]) == payload(key(1), GROUPS[0])
+        # Lookups remember the failed loads as misses for `miss_cache_s`.
+        while resolve(tier, key(1)) is not LookupResult.HIT:
+            assert time.monotonic() < deadline + 5.0, "lookups never hit again"
+            time.sleep(0.1)
+        tier.shutdown()
