@@ -163,10 +163,10 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 class RedisTierConfig:
     """A Redis or Valkey server, a master found through Redis Sentinel (a
     `redis+sentinel://` URL, see `redis_sentinel`), or with `cluster` a Redis
-    Cluster (the URL names any one of its nodes). `options` go to `redis.Redis.from_url` (or
-    `RedisCluster.from_url`) as they are (`password`, `username`, `ssl_ca_certs`,
-    `ssl_certfile`, ...); the URL may carry the password too, and `rediss://`
-    turns TLS on."""
+    Cluster (the URL names any one of its nodes). `options` go to
+    `redis.Redis.from_url` (or `RedisCluster.from_url`) as they are
+    (`password`, `username`, `ssl_ca_certs`, `ssl_certfile`, ...); the URL may
+    carry the password too, and `rediss://` turns TLS on."""
 
     url: str
     name: str = "redis"

@@ -33,13 +33,14 @@ REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSErro
 class RedisLink:
     """A redis-py client plus an up/down state driven by call outcomes.
 
-    A plain client connects on its first call; so does one whose master the
-    sentinels name (`redis+sentinel://`), asking them again on every new
-    connection, so that after a failover the next call reaches the new master. A `RedisCluster` (`cluster`) asks
-    the node in the URL for the slot map when it is made, so it is made on first
-    use, on an I/O thread, where a failure is a failed call like any other (a
-    cluster that is down at start-up gives misses, not an engine that does not
-    start); its URL is parsed here, so a malformed one still stops start-up."""
+    A plain client connects on its first call. So does one whose master the
+    sentinels name (`redis+sentinel://`): it asks them on every new connection,
+    so after a failover the next call reaches the new master. A `RedisCluster`
+    (`cluster`) asks the node in the URL for the slot map when it is made, so it
+    is made on first use, on an I/O thread, where a failure is a failed call
+    like any other (a cluster that is down at start-up gives misses, not an
+    engine that does not start); its URL is parsed here, so a malformed one
+    still stops start-up."""
 
     def __init__(self, config: RedisTierConfig, clock: Clock) -> None:
         self._config = config
