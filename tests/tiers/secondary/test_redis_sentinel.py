@@ -78,7 +78,7 @@ def test_after_a_failover_the_chunks_load_from_the_new_master(
 
         servers.master.kill()
         new_master = servers.replica.port
-        servers.wait_for(lambda c: servers.master_port() == new_master, timeout_s=30.0)
+        servers.wait_for_master(new_master, timeout_s=30.0)
         # Calls during the failover fail and back off; then the new master
         # serves the chunk, byte for byte.
         deadline = time.monotonic() + 30.0

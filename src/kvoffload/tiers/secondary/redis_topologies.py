@@ -46,6 +46,14 @@ class RedisClusterServers:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     def start(self, timeout_s: float = 20.0) -> None:
+        """Start the nodes and join them; on any failure, stop what started."""
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> None:
         for node in self.nodes:
             node.start()
         clients = [redis.Redis(port=n.port, socket_timeout=2.0) for n in self.nodes]
@@ -57,12 +65,11 @@ class RedisClusterServers:
                 _command(client, "CLUSTER ADDSLOTS", *range(first, last))
             for node, bus in zip(self.nodes[1:], self._bus_ports[1:], strict=True):
                 _command(clients[0], "CLUSTER MEET", "127.0.0.1", node.port, bus)
-            deadline = time.monotonic() + timeout_s
-            while not all(_cluster_ok(c, len(self.nodes)) for c in clients):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("the Redis Cluster did not come up in time")
-                time.sleep(0.05)
+            _poll(
+                lambda: all(_cluster_ok(c, len(self.nodes)) for c in clients),
+                timeout_s,
+                "the Redis Cluster did not come up",
+            )
         finally:
             for client in clients:
                 client.close()
@@ -105,6 +112,14 @@ class RedisSentinelServers:
         return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.service}"
 
     def start(self, timeout_s: float = 20.0) -> None:
+        """Start the three processes; on any failure, stop what started."""
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> None:
         os.makedirs(self.master.directory, exist_ok=True)
         self.master.start()
         replica_dir = os.path.join(self.directory, "replica")
@@ -135,37 +150,28 @@ class RedisSentinelServers:
         self.wait_for(lambda c: bool(_command(c, "SENTINEL REPLICAS", self.service)),
                       timeout_s)  # fmt: skip
 
-    def master_port(self) -> int | None:
-        """The port of the master the sentinel names now."""
-        found: list[int] = []
+    def wait_for_master(self, port: int, timeout_s: float) -> None:
+        """Wait until the sentinel names the server on `port` as the master."""
 
         def named(client: redis.Redis) -> bool:
             addr = _command(client, "SENTINEL GET-MASTER-ADDR-BY-NAME", self.service)
-            if isinstance(addr, list | tuple) and len(addr) == 2:
-                found.append(int(addr[1]))
-                return True
-            return False
+            return (
+                isinstance(addr, list | tuple)
+                and len(addr) == 2
+                and (int(addr[1]) == port)
+            )
 
-        self.wait_for(named, 5.0)
-        return found[-1] if found else None
+        self.wait_for(named, timeout_s)
 
     def wait_for(self, ready: Callable[[redis.Redis], bool], timeout_s: float) -> None:
         """Poll the sentinel until `ready(client)` is true."""
         client = redis.Redis(port=self.sentinel_port, socket_timeout=1.0)
-        deadline = time.monotonic() + timeout_s
         try:
-            while True:
-                try:
-                    if ready(client):
-                        return
-                except (redis.RedisError, OSError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"sentinel not ready in {timeout_s}s; see "
-                        f"{self.directory}/sentinel.log"
-                    )
-                time.sleep(0.05)
+            _poll(
+                lambda: ready(client),
+                timeout_s,
+                f"the sentinel was not ready (see {self.directory}/sentinel.log)",
+            )
         finally:
             client.close()
 
@@ -184,6 +190,21 @@ class RedisSentinelServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _poll(ready: Callable[[], bool], timeout_s: float, failure: str) -> None:
+    """Call `ready` every 50 ms until it is true (a Redis error counts as not
+    yet); `RuntimeError(failure)` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ready():
+                return
+        except (redis.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{failure} in {timeout_s}s")
+        time.sleep(0.05)
 
 
 def _cluster_ok(client: redis.Redis, num_nodes: int) -> bool:
