@@ -2,8 +2,9 @@
 
 Each rank's worker fills its own named host pool with its slice of every chunk.
 The scheduler attaches all of them, so a file-tier chunk holds every rank's slice
-and a promotion gives each rank back its own. vLLM's CPU platform runs one rank
-here, so the ranks' workers are played by pools this test creates and fills.
+and a promotion gives each rank back its own. The ranks' workers are played by
+pools this test creates and fills, so each slice's bytes are known;
+`test_tensor_parallel_e2e.py` runs real vLLM with two ranks.
 """
 
 from __future__ import annotations
