@@ -76,3 +76,47 @@ def test_replay_benchmark_reports_requests_per_second(
         record["replay_requests_per_s"] > 0
         and record["manager_only_requests_per_s"] > 0
     )
+
+
+def test_policies_benchmark_margins_are_against_the_best_baseline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = bench_main(
+        [
+            "policies",
+            "--workload",
+            "rag-steep-popularity",
+            "--requests",
+            "300",
+            "--policy",
+            "split",
+            "--policy",
+            "lru",
+            "--baseline",
+            "lru",
+            "--baseline",
+            "arc",
+            "--json",
+        ]
+    )
+    assert code == 0
+    *points, split_summary, lru_summary = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines()
+    ]
+    assert len(points) == 5
+    capacities = [p["capacity"] for p in points]
+    assert capacities == sorted(capacities) and capacities[0] >= 64
+    for p in points:
+        ratios, margins = p["hit_ratio"], p["margin_vs_best_baseline"]
+        assert set(ratios) == {"lru", "arc", "split"}
+        assert all(0.0 <= r <= 1.0 for r in ratios.values())
+        best = max(ratios["lru"], ratios["arc"])
+        assert margins["split"] == pytest.approx(ratios["split"] - best)
+        assert margins["lru"] == pytest.approx(ratios["lru"] - best)
+    assert ratios["lru"] > 0, "the largest capacity hits something"
+    assert split_summary["worst_margin"] == pytest.approx(
+        min(p["margin_vs_best_baseline"]["split"] for p in points)
+    )
+    assert lru_summary["points_below_margin"] == sum(
+        p["margin_vs_best_baseline"]["lru"] < -0.005 for p in points
+    )
