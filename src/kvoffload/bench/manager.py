@@ -26,6 +26,7 @@ from typing import Any
 
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.replay.mooncake import load_mooncake
+from kvoffload.replay.workload import Workload
 from kvoffload.tiers.base import ReqContext
 from kvoffload.tiers.primary import CPUOffloadingManager
 
@@ -74,12 +75,16 @@ def round_ratios(m: Measurement, base: Measurement) -> tuple[float, float, float
     return median, low, high
 
 
-def build_stream(trace: Path, limit: int | None) -> Stream:
-    workload = load_mooncake(trace, limit=limit)
+def workload_stream(workload: Workload, chunk_tokens: int) -> Stream:
+    """Each request of `workload` as (request id, its prompt chunks' keys)."""
     return [
         (str(i), [make_offload_key(h, 0) for h in chunks])
-        for i, chunks in enumerate(workload.chunk_sequence(512))
+        for i, chunks in enumerate(workload.chunk_sequence(chunk_tokens))
     ]
+
+
+def build_stream(trace: Path, limit: int | None) -> Stream:
+    return workload_stream(load_mooncake(trace, limit=limit), 512)
 
 
 def run_ours(stream: Stream, policy: str, capacity: int) -> tuple[int, float]:

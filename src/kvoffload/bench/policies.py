@@ -21,8 +21,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvoffload.bench.manager import Stream, run_ours
-from kvoffload.keys import make_offload_key
+from kvoffload.bench.manager import Stream, run_ours, workload_stream
 from kvoffload.replay import ChatAgentsSpec, Workload, chat_agents
 from kvoffload.replay import synthetic as syn
 
@@ -97,16 +96,6 @@ class Point:
         return self.hit_ratio[policy] - max(self.hit_ratio[b] for b in baselines)
 
 
-def stream_of(workload: Workload, chunk_tokens: int, requests: int | None) -> Stream:
-    chunks = workload.chunk_sequence(chunk_tokens)
-    if requests is not None:
-        chunks = chunks[:requests]
-    return [
-        (str(i), [make_offload_key(h, 0) for h in keys])
-        for i, keys in enumerate(chunks)
-    ]
-
-
 def measure(
     name: str, stream: Stream, policies: Sequence[str], fractions: Sequence[float]
 ) -> list[Point]:
@@ -149,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'workload':<22} {'capacity':>8} {names} {margins}")
     for name in args.workload or list(VARIANTS):
         make, chunk_tokens = VARIANTS[name]
-        stream = stream_of(make(), chunk_tokens, args.requests)
+        stream = workload_stream(make(), chunk_tokens)[: args.requests]
         for point in measure(name, stream, policies, FRACTIONS):
             margins_of = {c: point.margin(c, baselines) for c in candidates}
             for c, m in margins_of.items():
