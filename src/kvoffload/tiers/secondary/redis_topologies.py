@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Self
 
 import redis
 
@@ -17,7 +19,33 @@ from kvoffload.tiers.secondary.redis_server import RedisServer, free_port
 CLUSTER_SLOTS = 16384
 
 
-class RedisClusterServers:
+class _Processes(ABC):
+    """Processes started together: `start` stops whatever had started if any
+    step fails; as a context manager, started on entry and stopped on exit."""
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    @abstractmethod
+    def _start(self, timeout_s: float) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop what is running; safe after a partial start."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisClusterServers(_Processes):
     """A Redis Cluster of `num_nodes` masters on loopback, no replicas: each
     node serves an equal range of the slots, joined by `CLUSTER MEET` (no
     `redis-cli` needed). `nodes` are the servers, for tests that kill one."""
@@ -45,15 +73,8 @@ class RedisClusterServers:
         """Any one node: a cluster client finds the others."""
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
-    def start(self, timeout_s: float = 20.0) -> None:
-        """Start the nodes and join them; on any failure, stop what started."""
-        try:
-            self._start(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
     def _start(self, timeout_s: float) -> None:
+        """Start the nodes and join them."""
         for node in self.nodes:
             node.start()
         clients = [redis.Redis(port=n.port, socket_timeout=2.0) for n in self.nodes]
@@ -78,15 +99,8 @@ class RedisClusterServers:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> RedisClusterServers:
-        self.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class RedisSentinelServers:
+class RedisSentinelServers(_Processes):
     """A master, one replica and one sentinel (quorum 1) watching them as
     `service`; the sentinel declares a master down after `down_after_ms`, so a
     `kill` of the master fails over to the replica within a few seconds."""
@@ -111,15 +125,8 @@ class RedisSentinelServers:
     def url(self) -> str:
         return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.service}"
 
-    def start(self, timeout_s: float = 20.0) -> None:
-        """Start the three processes; on any failure, stop what started."""
-        try:
-            self._start(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
     def _start(self, timeout_s: float) -> None:
+        """Start the master, the replica and the sentinel."""
         os.makedirs(self.master.directory, exist_ok=True)
         self.master.start()
         replica_dir = os.path.join(self.directory, "replica")
@@ -183,13 +190,6 @@ class RedisSentinelServers:
         for server in (self.master, self.replica):
             if server is not None:
                 server.stop()
-
-    def __enter__(self) -> RedisSentinelServers:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _poll(ready: Callable[[], bool], timeout_s: float, failure: str) -> None:
