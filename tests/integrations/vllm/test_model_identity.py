@@ -118,3 +118,26 @@ def test_a_hub_model_is_named_by_the_commit_it_resolved_to() -> None:
     assert model_identity(engine("org/model", v1)) != model_identity(
         engine("org/model", v2)
     )
+
+
+def test_a_worker_shape_names_no_chunks() -> None:
+    """Workers skip the identity (no weight reads); nothing may then name a chunk
+    with the empty model in its place."""
+    from kvoffload.integrations.vllm.engine_shape import (
+        UNIDENTIFIED,
+        EngineShape,
+        GroupShape,
+    )
+
+    group = GroupShape(0, 16, 2, ("l0", "l1"), 2048, "FullAttentionSpec")
+    worker = EngineShape((group,), 64, 16, UNIDENTIFIED, "float16", 1, "e")
+    for fingerprint in (
+        worker.model_fingerprint,
+        worker.tiers_fingerprint,
+        lambda: worker.chunk_fingerprint(0),
+    ):
+        with pytest.raises(RuntimeError, match="names no model"):
+            fingerprint()
+    assert worker.pool_name(0) == "kvoffload-e-r0", "what a worker needs still works"
+    named = EngineShape((group,), 64, 16, "tiny@", "float16", 1, "e")
+    assert named.model_fingerprint() != ""

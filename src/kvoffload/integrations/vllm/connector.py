@@ -94,7 +94,13 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self._settings = KVOffloadSettings.from_extra_config(
             transfer.kv_connector_extra_config
         )
-        shape = EngineShape.from_vllm(vllm_config, kv_cache_config, self._settings)
+        # Only the scheduler names chunks: a worker skips reading the weights.
+        shape = EngineShape.from_vllm(
+            vllm_config,
+            kv_cache_config,
+            self._settings,
+            identify_model=role == KVConnectorRole.SCHEDULER,
+        )
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:

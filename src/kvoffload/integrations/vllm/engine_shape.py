@@ -21,6 +21,8 @@ from kvoffload.worker import GroupGeometry, PoolGeometry
 # vLLM's block 0 is the null block: never allocated to a request, used by
 # sliding-window groups for blocks outside the window.
 VLLM_NULL_BLOCK = 0
+# `EngineShape.model` on the worker side, which never names chunks.
+UNIDENTIFIED = ""
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,15 @@ class EngineShape:
 
     @classmethod
     def from_vllm(
-        cls, vllm_config: Any, kv_cache_config: Any, settings: KVOffloadSettings
+        cls,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        settings: KVOffloadSettings,
+        identify_model: bool = True,
     ) -> EngineShape:
+        """The engine's shape; without `identify_model` (a worker, which names no
+        chunks) the model's weights and config are not read, and the
+        fingerprints are unavailable."""
         groups: list[GroupShape] = []
         for index, group in enumerate(kv_cache_config.kv_cache_groups):
             spec = group.kv_cache_spec
@@ -83,7 +92,11 @@ class EngineShape:
             groups=tuple(groups),
             num_blocks=int(kv_cache_config.num_blocks),
             hash_block_tokens=hash_tokens,
-            model=model_identity(vllm_config, settings.model_tag),
+            model=(
+                model_identity(vllm_config, settings.model_tag)
+                if identify_model
+                else UNIDENTIFIED
+            ),
             dtype=str(model.dtype),
             tp_size=int(parallel.tensor_parallel_size),
             engine_id=str(transfer.engine_id),
@@ -91,6 +104,8 @@ class EngineShape:
 
     def model_fingerprint(self) -> str:
         """Names the model and the per-token KV layout in every block hash."""
+        if self.model == UNIDENTIFIED:
+            raise RuntimeError("kvoffload: a worker's engine shape names no model")
         return make_fingerprint(
             {
                 "model": self.model,
