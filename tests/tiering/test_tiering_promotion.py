@@ -158,3 +158,22 @@ def test_reset_keeps_secondary_chunks_and_waits_for_running_jobs() -> None:
     assert engine.lookup_until_known(key(1), R1) is LookupResult.HIT
     engine.load(keys(1), R1)
     assert m.lookup(key(2), R1) is LookupResult.MISS
+
+
+def test_a_promotion_never_evicts_the_prefix_its_lookup_counted() -> None:
+    """Scenario: the primary tier is full and chunk 1, the oldest, heads a
+    request whose chunk 3 is in the secondary tier. Making room for 3 takes
+    chunk 2, not chunk 1, which the lookup has just counted as a hit (the
+    engine would then load a chunk that is gone)."""
+    buf = ArrayChunkBuffer(2, SLOT)
+    tier = seeded_tier(buf, [3])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=2)
+    no_cascade = {"kv_store_tiers": []}
+    engine.store(keys(1), ReqContext.create("w1", no_cascade))
+    engine.store(keys(2), ReqContext.create("w2", no_cascade))
+    m.on_new_request(R1)
+    assert m.lookup_prefix(keys(1, 3), R1) == PrefixLookup(1, 2)
+    assert m.lookup(key(1), R1) is LookupResult.HIT
+    assert m.lookup(key(2), R1) is LookupResult.MISS
+    engine.step()
+    engine.load(keys(1, 3), R1)

@@ -176,7 +176,7 @@ class TieringManager(OffloadingManager):
         self._poll_once()
         result = self.primary.lookup(key, ctx)
         if result is _MISS and self.tiers:
-            return self._lookup_secondary(key, ctx, ())
+            return self._lookup_secondary(key, ctx, (), ())
         return result
 
     def lookup_prefix(
@@ -193,7 +193,7 @@ class TieringManager(OffloadingManager):
             key = keys[i]
             result = _MISS if i == head.present else self.primary.lookup(key, ctx)
             if result is _MISS:
-                result = self._lookup_secondary(key, ctx, keys[i + 1 :])
+                result = self._lookup_secondary(key, ctx, keys[:i], keys[i + 1 :])
             if result is _MISS:
                 break
             if result is _RETRY:
@@ -208,7 +208,11 @@ class TieringManager(OffloadingManager):
         return PrefixLookup(ready, present, retry)
 
     def _lookup_secondary(
-        self, key: OffloadKey, ctx: ReqContext, following: Sequence[OffloadKey]
+        self,
+        key: OffloadKey,
+        ctx: ReqContext,
+        before: Sequence[OffloadKey],
+        following: Sequence[OffloadKey],
     ) -> LookupResult:
         if self._promotions.recently_failed(key):
             return _MISS
@@ -219,15 +223,26 @@ class TieringManager(OffloadingManager):
                 continue
             result = tier.lookup(key, ctx)
             if result is _HIT:
-                return _PENDING if self._start_promotion(index, key, ctx) else _MISS
+                promoted = self._start_promotion(index, key, ctx, before)
+                return _PENDING if promoted else _MISS
             if result is _RETRY:
                 retry = True
                 if following:
                     tier.prefetch(following, ctx)
         return _RETRY if retry else _MISS
 
-    def _start_promotion(self, tier: int, key: OffloadKey, ctx: ReqContext) -> bool:
-        out = self.primary.prepare_store((key,), ctx, bypass_admission=True)
+    def _start_promotion(
+        self,
+        tier: int,
+        key: OffloadKey,
+        ctx: ReqContext,
+        before: Sequence[OffloadKey] = (),
+    ) -> bool:
+        # The chunks before it in the prefix were counted present by this lookup:
+        # making room for the promotion must not evict them.
+        out = self.primary.prepare_store(
+            (key,), ctx, bypass_admission=True, protect=before
+        )
         if out is None or not out.keys_to_store:
             return False  # no room
         self._promotions.add(tier, ctx, key, out.slots[0])

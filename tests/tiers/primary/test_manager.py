@@ -94,6 +94,21 @@ def test_pinned_in_flight_and_offered_chunks_are_never_evicted() -> None:
     assert out is not None and out.evicted_keys == (k(1),)
 
 
+def test_a_load_is_an_access_so_the_request_does_not_evict_what_it_loaded() -> None:
+    """k(1) is the oldest chunk, then a request hits it and stores one more
+    chunk before its end-of-prefill touch: the store takes k(2), not k(1)."""
+    m = CPUOffloadingManager(3)
+    for i in (1, 2, 3):
+        stored(m, [i], ReqContext(f"w{i}"))
+    ctx = ReqContext("r1")
+    assert m.lookup_prefix(keys(1, 7), ctx).ready == 1
+    m.prepare_load(keys(1), ctx)
+    m.complete_load(keys(1), ctx)
+    out = m.prepare_store(keys(7), ctx)
+    assert out is not None and out.evicted_keys == (k(2),)
+    assert m.lookup_prefix(keys(1), CTX).ready == 1
+
+
 def test_failed_prepare_store_changes_nothing() -> None:
     m = CPUOffloadingManager(2)
     stored(m, [1, 2])

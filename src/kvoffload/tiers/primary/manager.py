@@ -122,6 +122,11 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> tuple[int, ...]:
         slots = self.pin(keys)
         self._stats.chunks_loaded += len(slots)
+        # A load is an access. Without this the chunks keep the recency of their
+        # previous use until the request's own touch, which comes after its stores,
+        # and those stores could evict them first (the oldest chunks of a segment
+        # are often the prefix a returning conversation has just hit).
+        self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, frozenset()))
         return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
@@ -163,10 +168,12 @@ class CPUOffloadingManager(OffloadingManager):
         ctx: ReqContext,
         *,
         bypass_admission: bool = False,
+        protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         """See `OffloadingManager.prepare_store`. `bypass_admission` skips the reuse
         filter and the policy's admission (promotions of chunks a secondary tier
-        already holds)."""
+        already holds); `protect` names more keys not to evict (a promotion's
+        prefix, already counted as hits by the same lookup)."""
         slots = self._slots
         new = list(dict.fromkeys(k for k in keys if k not in slots))
         if not bypass_admission:
@@ -175,6 +182,7 @@ class CPUOffloadingManager(OffloadingManager):
             return _NOTHING_TO_STORE
 
         protected = set(keys)
+        protected.update(protect)
         pins, writing = self._pins, self._writing
 
         def evictable(key: OffloadKey) -> bool:
