@@ -236,7 +236,7 @@ class TieringManager(OffloadingManager):
         tier: int,
         key: OffloadKey,
         ctx: ReqContext,
-        before: Sequence[OffloadKey] = (),
+        before: Sequence[OffloadKey],
     ) -> bool:
         # The chunks before it in the prefix were counted present by this lookup:
         # making room for the promotion must not evict them.

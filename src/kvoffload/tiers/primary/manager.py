@@ -126,7 +126,7 @@ class CPUOffloadingManager(OffloadingManager):
         # previous use until the request's own touch, which comes after its stores,
         # and those stores could evict them first (the oldest chunks of a segment
         # are often the prefix a returning conversation has just hit).
-        self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, frozenset()))
+        self._recency(keys, ctx)
         return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
@@ -158,6 +158,11 @@ class CPUOffloadingManager(OffloadingManager):
                 pins[key] = count - 1
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self._recency(keys, ctx)
+
+    def _recency(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        """Tell the policy the request used `keys`; the chunks it stored itself
+        change recency but do not count as reused."""
         self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, frozenset()))
 
     # -- stores ------------------------------------------------------------------
