@@ -77,6 +77,20 @@ def test_head_of_a_request_outlives_its_tail() -> None:
     assert store(policy, [k(9)]) == [k(2)]
 
 
+def test_a_continuation_leaves_before_the_reused_prefix_it_follows() -> None:
+    """Scenario: a conversation's second turn reuses its first turn's chunks and
+    stores two more; then a store needs room while the once segment is below its
+    target. The second turn's own chunks, last used before its reused prefix,
+    go first: evicting the end of the prefix instead would strand them (a hit
+    is a leading run, so nothing after a missing chunk can hit)."""
+    policy = SplitLRUPolicy(4)  # target of the once segment: 2
+    store(policy, [k(0), k(1)])  # first turn
+    store(policy, [k(0), k(1), k(2), k(3)])  # second turn: k(0), k(1) reused
+    assert store(policy, [k(9)]) == [k(3)]
+    assert store(policy, [k(9), k(10)]) == [k(2)]
+    assert k(0) in policy and k(1) in policy
+
+
 def test_a_chunk_stored_again_soon_after_eviction_counts_as_reused() -> None:
     """Scenario: a once-seen chunk is evicted, then another request stores it."""
     policy = SplitLRUPolicy(4)

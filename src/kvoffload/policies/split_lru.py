@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence, Set
+from collections.abc import Iterator, Sequence, Set
+from itertools import chain
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import (
@@ -67,12 +68,44 @@ def _probably_unknown(
     return not (last in young or last in old)
 
 
+def _take_dominated(
+    keys: Iterator[OffloadKey],
+    once: OrderedDict[OffloadKey, int],
+    reused_oldest: int,
+    n: int,
+    evictable: Evictable,
+    victims: list[OffloadKey],
+) -> Iterator[OffloadKey]:
+    """Append to `victims` up to `n` once-seen chunks, from `keys` on (oldest
+    first), last used before the reused segment's oldest chunk (`reused_oldest`,
+    a stamp) or demoted as tails; return the keys not looked at.
+
+    Such a chunk is worse on both counts the policy knows, its kind and its
+    recency, than any reused chunk: the target protects the once segment's
+    recent chunks, not its stale ones. It also removes what a returning
+    conversation stranded: the chunks its request stored after the reused prefix
+    were last used before that prefix, so they go no later than its end does,
+    instead of staying resident behind a prefix that can no longer hit."""
+    limit = reused_oldest >> 2
+    for key in keys:
+        key_stamp = once[key]
+        if key_stamp >> 2 >= limit and key_stamp & 3 != TAIL:
+            return chain((key,), keys)
+        if evictable(key):
+            victims.append(key)
+            n -= 1
+            if not n:
+                break
+    return keys
+
+
 @register_policy("split")
 class SplitLRUPolicy(EvictionPolicy):
     """Once-seen and reused chunks in two LRU segments with a learned split.
 
-    Eviction takes from the once segment while it is above its target size, else
-    from the reused segment (each oldest first, skipping what `evictable` refuses).
+    Eviction takes from the once segment while it is above its target size, then
+    once-seen chunks last used before the reused segment's oldest chunk, else from
+    the reused segment (each oldest first, skipping what `evictable` refuses).
     A chunk moves to the reused segment when another request touches it, or when it
     is stored again soon after an eviction (a near miss, as in ARC), or when it
     returns from the history no later than the reused segment keeps its own chunks:
@@ -258,12 +291,23 @@ class SplitLRUPolicy(EvictionPolicy):
         if n <= 0:
             return []
         once, reused = self._once, self._reused
-        # Take from the once segment while it is above its target, then from the
-        # reused one; when one runs out of evictable chunks, the other makes up.
+        # Take from the once segment while it is above its target, then its
+        # chunks older than every reused one, then from the reused segment; when
+        # one runs out of evictable chunks, the other makes up.
         want_once = min(n, max(0, len(once) - math.floor(self._control.target)))
         from_once = iter(once)
         victims_once = first_evictable(from_once, want_once, evictable)
         want_reused = n - len(victims_once)
+        if want_reused and reused:
+            from_once = _take_dominated(
+                from_once,
+                once,
+                next(iter(reused.values())),
+                want_reused,
+                evictable,
+                victims_once,
+            )
+            want_reused = n - len(victims_once)
         if not want_reused:
             self._ghosts.add_evicted(victims_once, once, ONCE)
             return victims_once
