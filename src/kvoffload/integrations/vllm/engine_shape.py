@@ -1,8 +1,8 @@
 """What kvoffload needs to know about a vLLM engine's KV cache, read once.
 
 From `KVCacheConfig`: the KV-cache groups (engine block size, layers, bytes per
-block per layer), the hash granularity; from `VllmConfig`: the model identity and
-parallelism. Both connector roles derive the same shape, so the scheduler computes
+block per layer), the hash granularity; from `VllmConfig`: the model identity,
+parallelism and whether the engine keeps a prefix cache. Both connector roles derive the same shape, so the scheduler computes
 the same number of host slots as the worker allocates, and the same fingerprint
 names the model and layout in keys, files and Redis.
 """
@@ -39,7 +39,11 @@ class GroupShape:
 
 @dataclass(frozen=True)
 class EngineShape:
-    """The engine's KV-cache groups, model identity and parallelism."""
+    """The engine's KV-cache groups, model identity and parallelism.
+
+    `prefix_caching` is vLLM's `enable_prefix_caching`: whether blocks one request
+    loads serve other requests from the engine's own cache.
+    """
 
     groups: tuple[GroupShape, ...]
     num_blocks: int
@@ -48,6 +52,7 @@ class EngineShape:
     dtype: str
     tp_size: int
     engine_id: str
+    prefix_caching: bool = True
 
     @classmethod
     def from_vllm(
@@ -100,6 +105,7 @@ class EngineShape:
             dtype=str(model.dtype),
             tp_size=int(parallel.tensor_parallel_size),
             engine_id=str(transfer.engine_id),
+            prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
         )
 
     def model_fingerprint(self) -> str:

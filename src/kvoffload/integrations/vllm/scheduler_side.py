@@ -103,6 +103,9 @@ class SchedulerSide:
             offload_prompt_only=settings.offload_prompt_only,
             max_defer_s=settings.max_defer_s,
             world_size=shape.tp_size,
+            # Without vLLM's prefix cache a load serves only its own request, so
+            # waiting for another request's load of the same chunks gains nothing.
+            engine_prefix_caching=shape.prefix_caching,
             null_block_id=VLLM_NULL_BLOCK,
         )
         self.connector = OffloadConnector(

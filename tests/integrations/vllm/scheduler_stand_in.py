@@ -1,0 +1,195 @@
+"""vLLM's scheduler and workers, played by a test, around a real `KVOffloadConnector`.
+
+The connector is built in the scheduler role from the parts of a `VllmConfig` it
+reads and a real `KVCacheConfig` (one group of 4-token blocks, chunks of 2 blocks),
+and is called through the hooks vLLM's scheduler calls. Workers are played by
+reporting every job of a step as done, so no engine starts (seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+from kvoffload.connector import StepPlan
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.engine_shape import EngineShape
+from kvoffload.integrations.vllm.messages import (
+    KVOffloadMetadata,
+    KVOffloadWorkerMetadata,
+)
+from kvoffload.worker import HostPool, JobResult
+
+BLOCK = 4
+PER_CHUNK = 2
+CHUNK = BLOCK * PER_CHUNK
+HOST_SLOTS = 16
+JOB_BYTES = 1000
+JOB_SECONDS = 0.25
+
+
+def kv_cache_config() -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
+
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=4, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=256,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+        hash_block_size=BLOCK,
+    )
+
+
+def vllm_config(extra: Mapping[str, Any], prefix_caching: bool = True) -> Any:
+    """The parts of a `VllmConfig` the connector reads."""
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=dict(extra),
+            engine_id=f"stand-in-{uuid.uuid4().hex[:8]}",
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        model_config=SimpleNamespace(
+            model="tiny", dtype="float32", hf_config=None, quantization=None
+        ),
+        cache_config=SimpleNamespace(
+            cache_dtype="auto", enable_prefix_caching=prefix_caching
+        ),
+        kv_events_config=None,
+    )
+
+
+def request(req_id: str, tokens: list[int]) -> Any:
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request(req_id, tokens, SamplingParams(max_tokens=1), None)
+
+
+class SchedulerStandIn:
+    """Drives a scheduler-role `KVOffloadConnector` as vLLM's engine would."""
+
+    def __init__(self, extra: Mapping[str, Any], prefix_caching: bool = True):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorRole,
+        )
+
+        from kvoffload.integrations.vllm.connector import KVOffloadConnector
+
+        extra = {"cpu_bytes_to_use": 1, "blocks_per_chunk": PER_CHUNK, **extra}
+        config, kv_config = vllm_config(extra, prefix_caching), kv_cache_config()
+        settings = KVOffloadSettings.from_extra_config(extra)
+        self.shape = EngineShape.from_vllm(config, kv_config, settings, False)
+        geometry = self.shape.pool_geometry()
+        extra["cpu_bytes_to_use"] = HOST_SLOTS * geometry.slot_nbytes
+        config.kv_transfer_config.kv_connector_extra_config = extra
+        # The worker's host pool, which secondary tiers read and write.
+        self.pool = HostPool.create(geometry, HOST_SLOTS, name=self.shape.pool_name(0))
+        try:
+            self.connector = KVOffloadConnector(
+                config, KVConnectorRole.SCHEDULER, kv_config
+            )
+        except BaseException:
+            self.pool.close()
+            raise
+        self._next_block = 1  # block 0 is vLLM's null block
+        self._stats: dict[str, float] = {}
+
+    def close(self) -> None:
+        try:
+            self.connector.shutdown()
+        finally:
+            self.pool.close()
+
+    def lookup(self, req: Any) -> int | None:
+        """`get_num_new_matched_tokens` with no engine hit; `None`: deferred."""
+        found, _ = self.connector.get_num_new_matched_tokens(req, 0)
+        return found
+
+    def allocate(self, req: Any, external_tokens: int) -> list[int]:
+        """Blocks for the whole prompt; plans the load of `external_tokens`."""
+        n = -(-req.num_prompt_tokens // BLOCK)
+        ids = list(range(self._next_block, self._next_block + n))
+        self._next_block += n
+        blocks = SimpleNamespace(get_block_ids=lambda: (ids,))
+        self.connector.update_state_after_alloc(req, blocks, external_tokens)
+        return ids
+
+    def step(self, new: Mapping[str, tuple[list[int], int]] | None = None) -> StepPlan:
+        """One engine step: `new` maps request ids to (blocks, tokens) scheduled
+        from token 0; the workers finish every job of the step at once."""
+        new = new or {}
+        output = SimpleNamespace(
+            scheduled_new_reqs=[
+                SimpleNamespace(req_id=r, num_computed_tokens=0, block_ids=(ids,))
+                for r, (ids, _) in new.items()
+            ],
+            num_scheduled_tokens={r: n for r, (_, n) in new.items()},
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=[], new_block_ids=[], num_computed_tokens=[]
+            ),
+            preempted_req_ids=set(),
+        )
+        meta = self.connector.build_connector_meta(output)
+        assert isinstance(meta, KVOffloadMetadata)
+        self.report(meta.plan)
+        return meta.plan
+
+    def report(self, plan: StepPlan) -> None:
+        """The workers' results for `plan`'s jobs (all succeeded), then stats."""
+        jobs = (*plan.loads, *plan.stores)
+        results = [JobResult(j.job_id, True, JOB_BYTES, JOB_SECONDS) for j in jobs]
+        meta = KVOffloadWorkerMetadata({0: results}) if results else None
+        self.connector.update_connector_output(
+            SimpleNamespace(kv_connector_worker_meta=meta)
+        )
+        stats = self.connector.get_kv_connector_stats()
+        assert stats is not None
+        for key, value in stats.data.items():
+            self._stats[key] = self._stats.get(key, 0) + value
+
+    def compute(self, req: Any) -> None:
+        """Schedule `req`'s whole prompt (its stores finish with the step), then
+        finish it."""
+        found = self.lookup(req)
+        ids = self.allocate(req, found or 0)
+        self.step({req.request_id: (ids, req.num_prompt_tokens)})
+        self.connector.request_finished(req, ids)
+
+    def idle(self, timeout_s: float = 10.0) -> int:
+        """Step with no request while the connector asks vLLM to keep stepping
+        (`has_pending_push_work`); returns the number of steps."""
+        steps = 0
+        deadline = time.monotonic() + timeout_s
+        while self.connector.has_pending_push_work():
+            assert time.monotonic() < deadline, "pending work did not finish"
+            self.step()
+            steps += 1
+            time.sleep(0.001)
+        return steps
+
+    def counter(self, key: str) -> float:
+        """A counter's total over every step so far (`tier.metric`)."""
+        return self._stats.get(key, 0)
+
+
+@contextmanager
+def stand_in(
+    extra: Mapping[str, Any] | None = None, prefix_caching: bool = True
+) -> Iterator[SchedulerStandIn]:
+    engine = SchedulerStandIn(extra or {}, prefix_caching)
+    try:
+        yield engine
+    finally:
+        engine.close()
