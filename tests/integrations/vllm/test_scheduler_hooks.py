@@ -7,6 +7,9 @@ it reports, from settings read off vLLM's own config.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 pytest.importorskip(
@@ -17,6 +20,12 @@ from .scheduler_stand_in import CHUNK, request, stand_in
 
 PROMPT = list(range(5 * CHUNK + 1))  # five whole chunks, then the last token
 HIT = 5 * CHUNK
+
+
+def file_tier(path: Path) -> dict[str, Any]:
+    return {
+        "secondary_tiers": [{"type": "file", "path": str(path), "capacity": "1MiB"}]
+    }
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False], ids=["cache-on", "cache-off"])
@@ -33,3 +42,33 @@ def test_a_request_waits_for_another_requests_load_only_with_prefix_caching(
         engine.allocate(a, HIT)  # A's load is in flight
         found = engine.lookup(request("b", PROMPT))
         assert found == (None if prefix_caching else HIT)
+
+
+def test_cascades_land_while_the_engine_is_idle(tmp_path: Path) -> None:
+    """Scenario: the last request's stores complete and no request follows. Its
+    chunks' cascade to the file tier is still running, so the connector keeps
+    vLLM stepping until the cascade has landed, then lets the engine rest."""
+    with stand_in(file_tier(tmp_path)) as engine:
+        engine.compute(request("w", PROMPT))
+        assert engine.counter("cpu.chunks_stored") == 5
+        assert engine.connector.has_pending_push_work()
+        engine.idle()
+        assert engine.counter("file.chunks_stored") == 5
+        assert not engine.connector.has_pending_push_work()
+
+
+def test_a_promotion_lands_while_the_engine_is_idle(tmp_path: Path) -> None:
+    """Scenario: W's prefix is only in the file tier (host memory was reset); R's
+    lookup starts its promotion, and R is aborted before it lands. The connector
+    keeps vLLM stepping until the promotion has landed in host memory."""
+    with stand_in(file_tier(tmp_path)) as engine:
+        engine.compute(request("w", PROMPT))
+        engine.idle()
+        engine.connector.reset_cache()
+        r = request("r", PROMPT)
+        assert engine.lookup(r) is None  # promoting
+        engine.connector.request_finished(r, [])
+        assert engine.connector.has_pending_push_work()
+        engine.idle()
+        assert engine.counter("file.chunks_loaded") == 5
+        assert engine.lookup(request("s", PROMPT)) == HIT

@@ -220,10 +220,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler_side.request_finished(request)
 
     def has_pending_push_work(self) -> bool:
-        # Keep the engine stepping while jobs run, so their results (and the
-        # chunks they make readable) arrive even when no request is running.
+        # Keep the engine stepping while transfer jobs or tier work (cascades to
+        # secondary tiers, promotions) run: their completions are taken in the
+        # step hooks, so with no request running they would wait for the next one.
         return (
-            self._scheduler is not None and self._scheduler.connector.has_pending_jobs()
+            self._scheduler is not None and self._scheduler.connector.has_pending_work()
         )
 
     def take_events(self) -> Iterable[KVCacheEvent]:
