@@ -78,6 +78,22 @@ def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(
     assert len(set(group.engine_blocks)) == 8
 
 
+def test_the_tier_counts_the_hit_tokens_loaded_from_a_mid_chunk_start() -> None:
+    """Scenario as above: B loads A's three chunks but the first block of chunk
+    0, which the device still holds. The host tier is credited with exactly the
+    tokens B loaded, as the connector is."""
+    h = Harness(device_blocks=30)
+    prompt = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    assert b.loaded_tokens == 3 * CHUNK - 4
+    assert h.manager.get_stats()["cpu"].hit_tokens == b.loaded_tokens
+    assert h.connector.get_stats().hit_tokens == b.loaded_tokens
+
+
 def test_a_full_prompt_hit_leaves_the_last_token_to_the_engine(
     async_scheduling: bool,
 ) -> None:

@@ -177,3 +177,27 @@ def test_a_promotion_never_evicts_the_prefix_its_lookup_counted() -> None:
     assert m.lookup(key(2), R1) is LookupResult.MISS
     engine.step()
     engine.load(keys(1, 3), R1)
+
+
+def test_hit_tokens_go_to_the_tier_a_requests_lookup_found_the_chunks_in() -> None:
+    """Scenario: chunk 1 is in the primary tier, chunk 2 only in the secondary
+    tier. R1's lookup promotes chunk 2: R1's load credits the secondary tier for
+    chunk 2 and the primary for chunk 1. R2 then finds both in the primary tier,
+    and a second load by R1 (after a preemption) too: both credit the primary."""
+    buf = ArrayChunkBuffer(8, SLOT)
+    tier = seeded_tier(buf, [2])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=8)
+    engine.store(keys(1), ReqContext.create("w", {"kv_store_tiers": []}))
+    r2 = ReqContext("r2")
+    for ctx in (R1, r2):
+        m.on_new_request(ctx)
+    assert m.lookup_prefix(keys(1, 2), R1) == PrefixLookup(1, 2)
+    engine.step()
+    assert m.lookup_prefix(keys(1, 2), r2) == PrefixLookup(2, 2)
+    for ctx, tokens in ((R1, 16), (r2, 16), (R1, 8)):
+        m.prepare_load(keys(1, 2), ctx)
+        m.on_load_planned({key(1): tokens, key(2): tokens}, ctx)
+        m.complete_load(keys(1, 2), ctx)
+    stats = m.get_stats()
+    assert stats["held"].hit_tokens == 16
+    assert stats["cpu"].hit_tokens == 16 + 2 * 16 + 2 * 8

@@ -36,6 +36,7 @@ from kvoffload.connector.request_state import GroupState, RequestState
 from kvoffload.connector.transfers import (
     chunks_to_store,
     load_span,
+    load_tokens,
     plan_load,
     store_transfers,
 )
@@ -127,6 +128,9 @@ class OffloadConnector:
             return
         keys, transfers = plan_load(
             self.manager, state, num_computed_tokens, hit, self.config.null_block_id
+        )
+        self.manager.on_load_planned(
+            load_tokens(state, num_computed_tokens, hit), state.ctx
         )
         if self._observer is not None:
             self._observe_load(state, num_computed_tokens, hit)

@@ -50,6 +50,20 @@ def plan_load(
     return tuple(keys), tuple(transfers)
 
 
+def load_tokens(
+    state: RequestState, start_token: int, end_token: int
+) -> dict[OffloadKey, int]:
+    """The tokens of [start, end) that each chunk a load reads holds, per group."""
+    out: dict[OffloadKey, int] = {}
+    for group in state.groups:
+        size = group.tokens_per_chunk
+        span = load_span(group, start_token, end_token)
+        for chunk in range(span.start, min(span.stop, len(group.keys))):
+            first = max(chunk * size, start_token)
+            out[group.keys[chunk]] = min((chunk + 1) * size, end_token) - first
+    return out
+
+
 def load_span(group: GroupState, start_token: int, end_token: int) -> range:
     """The chunks of `group` whose blocks a load of tokens [start, end) fills
     (whole blocks only: a partial last block is left to the engine)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvoffload.keys import OffloadKey
@@ -68,6 +68,9 @@ class TieringManager(OffloadingManager):
       `promotion_failure_ttl_s`.
     - Completions are taken from the tiers once per step (at the first lookup
       or prepare call, and in `on_schedule_end`), never waited for.
+    - Hit tokens: a chunk promoted for a request counts for the tier it came
+      from at that request's first load of it; every other load counts for the
+      primary tier.
     - `on_request_finished` reaches the secondary tiers once no cascade for the
       request can follow.
     """
@@ -95,6 +98,7 @@ class TieringManager(OffloadingManager):
         self._next_job_id = 0
         self._inflight = [0] * len(self.tiers)
         self._shed = [0] * len(self.tiers)
+        self._hit_tokens = [0] * len(self.tiers)
         self._polled = False
 
     # -- completions -------------------------------------------------------------
@@ -124,6 +128,10 @@ class TieringManager(OffloadingManager):
         if lost:
             self.primary.complete_store(lost, job.ctx, False)
         self._promotions.finished(job.keys, lost)
+        state = self._requests.get(job.ctx.req_id)
+        if state is not None:
+            for key in lost:
+                state.promoted.pop(key, None)
         self._primary_written(loaded, True)
         self._primary_written(lost, False)
 
@@ -223,8 +231,12 @@ class TieringManager(OffloadingManager):
                 continue
             result = tier.lookup(key, ctx)
             if result is _HIT:
-                promoted = self._start_promotion(index, key, ctx, before)
-                return _PENDING if promoted else _MISS
+                if not self._start_promotion(index, key, ctx, before):
+                    return _MISS
+                state = self._requests.get(ctx.req_id)
+                if state is not None:
+                    state.promoted[key] = index
+                return _PENDING
             if result is _RETRY:
                 retry = True
                 if following:
@@ -263,6 +275,22 @@ class TieringManager(OffloadingManager):
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self.primary.complete_load(keys, ctx)
+
+    def on_load_planned(
+        self, tokens: Mapping[OffloadKey, int], ctx: ReqContext
+    ) -> None:
+        """Chunks promoted for this request count for the tier they came from
+        (their first load only); the rest for the primary tier."""
+        state = self._requests.get(ctx.req_id)
+        promoted = state.promoted if state is not None else {}
+        primary: dict[OffloadKey, int] = {}
+        for key, n in tokens.items():
+            tier = promoted.pop(key, None)
+            if tier is None:
+                primary[key] = n
+            else:
+                self._hit_tokens[tier] += n
+        self.primary.on_load_planned(primary, ctx)
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self.primary.touch(keys, ctx)
@@ -409,7 +437,11 @@ class TieringManager(OffloadingManager):
         stats = self.primary.get_stats()
         for index, tier in enumerate(self.tiers):
             own = tier.get_stats()
-            stats[tier.name] = replace(own, drops=own.drops + self._shed[index])
+            stats[tier.name] = replace(
+                own,
+                drops=own.drops + self._shed[index],
+                hit_tokens=own.hit_tokens + self._hit_tokens[index],
+            )
         return stats
 
     def shutdown(self) -> None:

@@ -8,7 +8,7 @@ chunks it parked for a request-level cascade have been written (or failed).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import ReqContext
@@ -24,6 +24,9 @@ class RequestState:
     parked: int = 0
     """Chunks waiting for their primary write before a request-level cascade."""
     finished: bool = False
+    promoted: dict[OffloadKey, int] = field(default_factory=dict)
+    """Chunks this request's lookups found in a secondary tier (by index) and
+    promoted: their first load counts as that tier's hit tokens."""
 
     @property
     def finalizable(self) -> bool:
@@ -94,11 +97,13 @@ class RequestTracker:
         return waiting
 
     def drop_in_flight(self) -> None:
-        """Forget every in-flight write and parked key (the primary tier resets)."""
+        """Forget every in-flight write, parked key and promoted chunk (the
+        primary tier resets)."""
         self._writer.clear()
         self._parked.clear()
         for state in self._states.values():
             state.writing = state.parked = 0
+            state.promoted.clear()
 
     def finalizable(self) -> list[RequestState]:
         return [s for s in self._states.values() if s.finalizable]

@@ -119,10 +119,14 @@ class TierStats:
 
     Counters only grow (Prometheus counters); `occupancy` and `capacity` are
     gauges in chunks. Byte and time counters are filled by whoever moves bytes.
+    `hits` counts chunks found by lookups (a request asked again counts again);
+    `hit_tokens` counts the tokens loaded for requests whose lookup found their
+    chunks in this tier, once per load, summed over KV-cache groups.
     """
 
     lookups: int = 0
     hits: int = 0
+    hit_tokens: int = 0
     chunks_stored: int = 0
     bytes_stored: int = 0
     chunks_loaded: int = 0
@@ -204,6 +208,17 @@ class OffloadingManager(ABC):
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         """Unpin chunks pinned by `prepare_load`."""
         del keys, ctx
+
+    def on_load_planned(
+        self, tokens: Mapping[OffloadKey, int], ctx: ReqContext
+    ) -> None:
+        """After `prepare_load`: the request loads `tokens[key]` tokens of each chunk.
+
+        For statistics only: each is counted as `hit_tokens` of the tier whose
+        lookup for this request found the chunk (the managers know which tier
+        that was; only the connector knows the tokens).
+        """
+        del tokens, ctx
 
     @abstractmethod
     def prepare_store(

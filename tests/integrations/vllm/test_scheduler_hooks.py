@@ -72,3 +72,25 @@ def test_a_promotion_lands_while_the_engine_is_idle(tmp_path: Path) -> None:
         engine.idle()
         assert engine.counter("file.chunks_loaded") == 5
         assert engine.lookup(request("s", PROMPT)) == HIT
+
+
+def test_stats_give_each_tier_its_hit_tokens_and_transfer_time(tmp_path: Path) -> None:
+    """Scenario: W's prefix reaches the file tier and leaves host memory (reset);
+    A's lookup promotes it and A loads it; B then loads it from host memory. The
+    file tier is credited with A's tokens, host memory with B's, and the file
+    tier reports the time its copies took."""
+    with stand_in(file_tier(tmp_path)) as engine:
+        engine.compute(request("w", PROMPT))
+        engine.idle()
+        engine.connector.reset_cache()
+        for name in ("a", "b"):
+            req = request(name, PROMPT)
+            if engine.lookup(req) is None:  # A: promoting from the file tier
+                engine.idle()
+            assert engine.lookup(req) == HIT
+            engine.allocate(req, HIT)
+            engine.step()
+        assert engine.counter("file.hit_tokens") == HIT
+        assert engine.counter("cpu.hit_tokens") == HIT
+        assert engine.counter("connector.hit_tokens") == 2 * HIT
+        assert engine.counter("file.transfer_seconds") > 0

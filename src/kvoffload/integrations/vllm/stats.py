@@ -25,6 +25,7 @@ GAUGES = ("occupancy", "capacity")
 TIER_COUNTERS = (
     "lookups",
     "hits",
+    "hit_tokens",
     "chunks_stored",
     "bytes_stored",
     "chunks_loaded",
@@ -34,6 +35,7 @@ TIER_COUNTERS = (
     "admission_rejected",
     "failures",
     "drops",
+    "transfer_seconds",
 )
 CONNECTOR_COUNTERS = (
     "lookups",

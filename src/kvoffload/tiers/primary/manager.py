@@ -7,7 +7,7 @@ worker copies into and out of the slots it hands out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from kvoffload.keys import OffloadKey
@@ -131,6 +131,11 @@ class CPUOffloadingManager(OffloadingManager):
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self.unpin(keys)
+
+    def on_load_planned(
+        self, tokens: Mapping[OffloadKey, int], ctx: ReqContext
+    ) -> None:
+        self._stats.hit_tokens += sum(tokens.values())
 
     def pin(self, keys: Sequence[OffloadKey]) -> tuple[int, ...]:
         """Protect readable chunks from eviction while something reads their slots
