@@ -186,3 +186,34 @@ def test_full_tier_reuses_evicted_files_and_leaves_no_temporary_files(
     assert jobs.load([key(8), key(9)], [2, 3]).success
     assert bytes(buffer.slot_view(3)[: GROUPS[0]]) == payload(key(9), GROUPS[0])
     tier.shutdown()
+
+
+def test_store_that_cannot_make_room_evicts_nothing_with_mixed_sizes(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a full tier holds a small (group-1) chunk and a large one still
+    being written; a second large chunk would need both gone. It is skipped and
+    the small chunk stays: its file, its hit and its bytes (evicting it alone
+    would free too little and lose it for nothing)."""
+    small = chunk_file_size(36, FINGERPRINT, GROUPS[1])
+    tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE + small)
+    jobs = Jobs(tier)
+    kept, big, refused = key(1, group=1), key(2), key(3)
+    buffer.slot_view(0)[: GROUPS[1]] = payload(kept, GROUPS[1])
+    assert jobs.store([kept], [0]).success
+    tier.take_events()
+    for slot, k in ((1, big), (2, refused)):
+        buffer.slot_view(slot)[: GROUPS[0]] = payload(k, GROUPS[0])
+    # One job: the first large chunk is being written while the second asks.
+    assert jobs.store([big, refused], [1, 2]).failed_keys == (refused,)
+    assert [resolve(tier, k) for k in (kept, big, refused)] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.MISS,
+    ]
+    assert os.path.exists(tier.chunk_path(kept))
+    assert tier.get_stats().evictions == 0
+    assert [e for e in tier.take_events() if e.removed] == []
+    assert jobs.load([kept], [5]).success
+    assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(kept, GROUPS[1])
+    tier.shutdown()

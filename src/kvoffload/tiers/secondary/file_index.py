@@ -32,6 +32,8 @@ class FileIndex:
         self._writing: set[OffloadKey] = set()
         self._pins: dict[OffloadKey, int] = {}
         self._deleting: set[OffloadKey] = set()
+        self._evictable_bytes = 0
+        """Bytes of readable, unpinned chunks: what eviction could free now."""
 
     @property
     def num_readable(self) -> int:
@@ -50,25 +52,30 @@ class FileIndex:
     def reserve(self, key: OffloadKey, size: int) -> Reservation:
         """Reserve `size` bytes for a new chunk file, evicting if needed.
 
-        Evicted keys become *deleting*: the caller removes their files and then
-        calls `deleted`. Each `evict` call is all-or-nothing, and victims are
-        asked for in units of `size`, so with equal chunk sizes (one group, or
-        groups of one size) a failed reservation evicts nothing. With mixed sizes
-        a reservation may fail after evicting smaller chunks; those stay evicted.
+        All or nothing: if evicting every readable, unpinned chunk would not make
+        room, nothing is evicted and the reservation fails. Otherwise victims
+        are taken one at a time in the policy's order until the chunk fits, so
+        with mixed chunk sizes no more are evicted than needed. Evicted keys
+        become *deleting*: the caller removes their files, then calls `deleted`.
         """
         assert not self.is_known(key), "reserve of a known key"
+        deficit = self.used_bytes + size - self.capacity_bytes
+        if size > self.capacity_bytes or deficit > self._evictable_bytes:
+            return Reservation(False, [])
         victims: list[OffloadKey] = []
-        if size > self.capacity_bytes:
-            return Reservation(False, victims)
-        while self.used_bytes + size > self.capacity_bytes:
-            deficit = self.used_bytes + size - self.capacity_bytes
-            got = self._policy.evict(-(-deficit // size), (key,), self._evictable)
-            if got is None:
-                return Reservation(False, victims)
-            for victim in got:
-                self.used_bytes -= self._sizes.pop(victim)
-                self._deleting.add(victim)
-            victims.extend(got)
+        while deficit > 0:
+            # One victim at a time: the policy knows no sizes, and the first
+            # may free enough (used bytes stay within capacity, so the deficit
+            # is at most `size`).
+            got = self._policy.evict(1, (key,), self._evictable)
+            assert got, "evictable bytes counted but no chunk evictable"
+            victim = got[0]
+            victim_size = self._sizes.pop(victim)
+            self.used_bytes -= victim_size
+            self._evictable_bytes -= victim_size
+            self._deleting.add(victim)
+            victims.append(victim)
+            deficit -= victim_size
         self._sizes[key] = size
         self._writing.add(key)
         self.used_bytes += size
@@ -83,6 +90,8 @@ class FileIndex:
         if not success:
             self.used_bytes -= self._sizes.pop(key)
             self._policy.remove(key)
+        elif key not in self._pins:
+            self._evictable_bytes += self._sizes[key]
 
     def add_existing(self, key: OffloadKey, size: int) -> Reservation:
         """Index a file found at start-up (oldest first); evicts beyond capacity."""
@@ -95,7 +104,10 @@ class FileIndex:
         """Drop a readable chunk whose file turned out bad (the caller deleted it)."""
         if not self.is_readable(key):
             return False
-        self.used_bytes -= self._sizes.pop(key)
+        size = self._sizes.pop(key)
+        self.used_bytes -= size
+        if key not in self._pins:
+            self._evictable_bytes -= size
         self._policy.remove(key)
         return True
 
@@ -104,14 +116,18 @@ class FileIndex:
         self._deleting.difference_update(keys)
 
     def pin(self, key: OffloadKey) -> None:
-        self._pins[key] = self._pins.get(key, 0) + 1
+        count = self._pins.get(key, 0)
+        if count == 0 and self.is_readable(key):
+            self._evictable_bytes -= self._sizes[key]
+        self._pins[key] = count + 1
 
     def unpin(self, key: OffloadKey) -> None:
         count = self._pins.get(key, 0)
-        if count <= 1:
-            self._pins.pop(key, None)
-        else:
+        if count > 1:
             self._pins[key] = count - 1
+            return
+        if self._pins.pop(key, None) is not None and self.is_readable(key):
+            self._evictable_bytes += self._sizes[key]
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         self._policy.touch(keys)
