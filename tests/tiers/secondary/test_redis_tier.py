@@ -1,4 +1,5 @@
-"""RedisTier specifics: namespaces, TTL, an unreachable server, backoff."""
+"""RedisTier specifics: namespaces, TTL, an unreachable server, backoff, and the
+removed events of failed loads."""
 
 from __future__ import annotations
 
@@ -97,6 +98,43 @@ def test_absent_value_on_load_fails_and_is_remembered_as_absent(
     )  # evicted by the server
     assert Jobs(tier).load([key(1)], [1]).failed_keys == (key(1),)
     assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    tier.shutdown()
+
+
+def test_chunks_a_load_finds_absent_or_corrupt_are_reported_removed(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: of three stored chunks, the server evicts one and another's
+    value is corrupted: the load fails both and reports both removed, so that
+    KV-event consumers stop counting on them; the intact one loads."""
+    tier = RedisTier(RedisTierConfig(redis_url), buffer, "m")
+    for i in (1, 2, 3):
+        stored(tier, buffer, i)
+    tier.take_events()
+    admin = redis.Redis.from_url(redis_url)
+    admin.delete(tier.redis_key(key(1)))
+    name = tier.redis_key(key(2))
+    value = bytearray(admin.get(name))  # type: ignore[arg-type]
+    value[-1] ^= 0xFF
+    admin.set(name, bytes(value))
+    result = Jobs(tier).load([key(1), key(2), key(3)], [1, 2, 3])
+    assert result.failed_keys == (key(1), key(2))
+    assert [(set(e.keys), e.removed) for e in tier.take_events()] == [
+        ({key(1), key(2)}, True)
+    ]
+    tier.shutdown()
+
+
+def test_a_load_that_cannot_reach_the_server_reports_nothing_removed(
+    buffer: ArrayChunkBuffer,
+) -> None:
+    """An unreachable server says nothing about what it holds: a miss, not a
+    removal."""
+    config = RedisTierConfig(closed_port_url(), timeout_s=0.2)
+    tier = RedisTier(config, buffer, "m", Clock())
+    assert Jobs(tier).load([key(1)], [1]).failed_keys == (key(1),)
+    assert not tier.connected, "the load did call the server"
+    assert tier.take_events() == []
     tier.shutdown()
 
 

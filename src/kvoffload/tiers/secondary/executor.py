@@ -19,10 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 class BatchOutcome(NamedTuple):
-    """What one task did: indices of its chunks that failed, bytes moved."""
+    """What one task did: indices of its chunks that failed, bytes moved, and
+    which of the failed turned out gone from the tier (absent or corrupt), not
+    merely unreachable."""
 
     failed: Sequence[int]
     num_bytes: int
+    lost: Sequence[int] = ()
 
 
 class Task(NamedTuple):
@@ -38,15 +41,17 @@ class ExecutorResult(NamedTuple):
     failed: frozenset[int]
     num_bytes: int
     seconds: float
+    lost: frozenset[int] = frozenset()
 
 
 class _Progress:
-    __slots__ = ("failed", "num_bytes", "remaining", "start")
+    __slots__ = ("failed", "lost", "num_bytes", "remaining", "start")
 
     def __init__(self, remaining: int, start: float) -> None:
         self.remaining = remaining
         self.start = start
         self.failed: set[int] = set()
+        self.lost: set[int] = set()
         self.num_bytes = 0
 
 
@@ -143,6 +148,7 @@ class JobExecutor:
             outcome = BatchOutcome(task.indices, 0)
         with self._lock:
             progress.failed.update(outcome.failed)
+            progress.lost.update(outcome.lost)
             progress.num_bytes += outcome.num_bytes
             progress.remaining -= 1
             if progress.remaining == 0:
@@ -152,6 +158,7 @@ class JobExecutor:
                         frozenset(progress.failed),
                         progress.num_bytes,
                         time.perf_counter() - progress.start,
+                        frozenset(progress.lost),
                     )
                 )
 

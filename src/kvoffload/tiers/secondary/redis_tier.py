@@ -11,6 +11,11 @@ the prefix, through `prefetch`), so a whole prefix costs one round trip and the
 scheduler thread never waits on the network. Answers are cached briefly. A
 synchronous call would block the scheduler for a round trip per chunk, and for
 the whole timeout when the server is slow.
+
+A load that finds a value absent (the server evicted it) or corrupt (then
+deleted) reports the chunk removed, as the file tier does for a bad file, so
+that KV-event consumers stop counting on it; a load that cannot reach the
+server reports nothing removed.
 """
 
 from __future__ import annotations
@@ -254,6 +259,7 @@ class RedisTier(SecondaryTier):
             stats.bytes_loaded += result.num_bytes
             for key in failed:
                 self._remember(key, False, now)
+            self._record_event([keys[i] for i in sorted(result.lost)], True)
         return TierJobResult(
             record.job.job_id,
             (*record.refused, *failed),
@@ -317,7 +323,7 @@ class RedisTier(SecondaryTier):
         num_bytes = 0
         for i, name, value in zip(indices, names, values, strict=True):
             if value is None:
-                failed.append(i)
+                failed.append(i)  # evicted, expired or never there: gone
                 continue
             key = job.keys[i]
             n = self._buffer.chunk_nbytes(offload_key_group(key))
@@ -340,7 +346,7 @@ class RedisTier(SecondaryTier):
                 self._link.client.delete(*corrupt)
             except REDIS_ERRORS as exc:
                 logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
-        return BatchOutcome(failed, num_bytes)
+        return BatchOutcome(failed, num_bytes, failed)
 
     # -- lifecycle ---------------------------------------------------------------
 
