@@ -201,3 +201,56 @@ def test_hit_tokens_go_to_the_tier_a_requests_lookup_found_the_chunks_in() -> No
     stats = m.get_stats()
     assert stats["held"].hit_tokens == 16
     assert stats["cpu"].hit_tokens == 16 + 2 * 16 + 2 * 8
+
+
+def test_promoted_chunk_is_cascaded_to_the_tiers_ahead_of_its_source() -> None:
+    """Scenario: tiers near (empty) and far (holding chunk 1, stored by another
+    engine). A lookup promotes 1 from far; when it lands it is copied into near
+    (far is not written again). After host memory evicts it, a request that
+    reads only near still finds it, with the engine's bytes."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    near = HeldTier(buf, name="near")
+    far = seeded_tier(buf, [1], name="far")
+    m, engine = make_manager([near, far], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    assert engine.lookup_until_known(key(1), R1) is LookupResult.HIT
+    engine.settle()
+    assert near.stored_keys() == [key(1)]
+    assert far.stored_keys() == []
+    engine.store(keys(2, 3, 4, 5), ReqContext.create("w", {"kv_store_tiers": []}))
+    assert m.primary.lookup(key(1), R1) is LookupResult.MISS  # evicted from host
+    near_only = ReqContext.create("r2", {"kv_load_tiers": ["near"]})
+    m.on_new_request(near_only)
+    assert engine.lookup_until_known(key(1), near_only) is LookupResult.HIT
+    engine.load(keys(1), near_only)
+
+
+def test_promoted_chunk_cascade_follows_the_store_tier_filter() -> None:
+    buf = ArrayChunkBuffer(4, SLOT)
+    near = HeldTier(buf, name="near")
+    far = seeded_tier(buf, [1], name="far")
+    m, engine = make_manager([near, far], buffer=buf, num_chunks=4)
+    ctx = ReqContext.create("r", {"kv_store_tiers": ["far"]})
+    m.on_new_request(ctx)
+    assert engine.lookup_until_known(key(1), ctx) is LookupResult.HIT
+    engine.settle()
+    assert near.stored_keys() == []
+
+
+def test_finish_is_forwarded_only_after_a_landed_promotion_cascaded() -> None:
+    """Scenario: a request finishes while its promotion is still loading: the
+    tiers hear of the finish only after the landed chunk's cascade, which is the
+    last job submitted for the request (the tier contract's order)."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    near = HeldTier(buf, name="near")
+    far = seeded_tier(buf, [1], name="far", auto=False)
+    m, engine = make_manager([near, far], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()  # the promotion's load is submitted, and held
+    m.on_request_finished(R1)
+    assert ("finished", "r1") not in near.calls
+    far.release()
+    engine.settle()
+    assert near.calls[-2:] == [("store", (key(1),)), ("finished", "r1")]
+    assert far.calls[-1] == ("finished", "r1")

@@ -3,7 +3,8 @@
 Chunks reach secondary tiers only through the primary tier: a chunk whose primary
 write completes is cascaded to the secondary tiers that accept it, and a chunk
 found only in a secondary tier is promoted into a primary slot before the engine
-can load it. Everything here runs on the scheduler thread and never waits on I/O.
+can load it, and from there cascaded to the tiers ahead of the one it came from.
+Everything here runs on the scheduler thread and never waits on I/O.
 """
 
 from __future__ import annotations
@@ -65,7 +66,12 @@ class TieringManager(OffloadingManager):
       the request's `kv_load_tiers` allows, in order; on a hit it allocates a
       primary slot and loads the chunk into it, answering `HIT_PENDING` until it
       lands. A failed promotion frees the slot and its key misses for
-      `promotion_failure_ttl_s`.
+      `promotion_failure_ttl_s`. A landed one is cascaded, as for the request
+      whose lookup promoted it, to the tiers ahead of its source: the lookup
+      found it missing there. Tiers behind the source were offered it when it
+      was first stored; offering it again on every promotion would retry that
+      cascade and, for a remote tier behind a local one, send each local hit
+      over the network.
     - Completions are taken from the tiers once per step (at the first lookup
       or prepare call, and in `on_schedule_end`), never waited for.
     - Hit tokens: a chunk promoted for a request counts for the tier it came
@@ -114,12 +120,14 @@ class TieringManager(OffloadingManager):
                 record = self._jobs.pop(result.job_id)
                 assert record.tier == index, "a tier reported another tier's job"
                 if record.promotion:
-                    self._finish_promotion(record.job, result)
+                    self._finish_promotion(index, record.job, result)
                 else:
                     self.primary.unpin(record.job.keys)
                     self._inflight[index] -= len(record.job.keys)
 
-    def _finish_promotion(self, job: TierJob, result: TierJobResult) -> None:
+    def _finish_promotion(
+        self, source: int, job: TierJob, result: TierJobResult
+    ) -> None:
         failed = set(result.failed_keys)
         loaded = [k for k in job.keys if k not in failed]
         lost = [k for k in job.keys if k in failed]
@@ -127,13 +135,32 @@ class TieringManager(OffloadingManager):
             self.primary.complete_store(loaded, job.ctx, True)
         if lost:
             self.primary.complete_store(lost, job.ctx, False)
-        self._promotions.finished(job.keys, lost)
+        tracked = self._promotions.finished(job.keys, lost)
         state = self._requests.get(job.ctx.req_id)
         if state is not None:
             for key in lost:
                 state.promoted.pop(key, None)
+        self._promotion_landed(source, job.ctx, tracked, failed)
         self._primary_written(loaded, True)
         self._primary_written(lost, False)
+
+    def _promotion_landed(
+        self,
+        source: int,
+        ctx: ReqContext,
+        tracked: list[OffloadKey],
+        failed: set[OffloadKey],
+    ) -> None:
+        """Cascade the promoted chunks that landed to the tiers ahead of `source`,
+        for the request that promoted them. A reset forgot its promotions
+        (`tracked` is empty then): nothing is cascaded or counted."""
+        state = self._requests.get(ctx.req_id)
+        if state is None or not tracked:
+            return
+        state.promoting -= len(tracked)
+        landed = [k for k in tracked if k not in failed and self.primary.is_readable(k)]
+        self._cascade(landed, state.ctx, range(source))
+        self._maybe_finalize(state)
 
     def _primary_written(self, keys: Iterable[OffloadKey], success: bool) -> None:
         """Cascade the chunks that requests parked until their primary write ended."""
@@ -258,6 +285,9 @@ class TieringManager(OffloadingManager):
         if out is None or not out.keys_to_store:
             return False  # no room
         self._promotions.add(tier, ctx, key, out.slots[0])
+        # Its landing cascades for this request: the request's tiers hear of its
+        # finish only after that.
+        self._state(ctx, "lookup").promoting += 1
         return True
 
     def _submit_promotions(self) -> None:
@@ -301,7 +331,7 @@ class TieringManager(OffloadingManager):
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:
         self._poll_once()
-        state = self._state(ctx)
+        state = self._state(ctx, "prepare_store")
         out = self.primary.prepare_store(keys, ctx)
         if out is None:
             return None
@@ -368,10 +398,10 @@ class TieringManager(OffloadingManager):
             return RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
         return RequestOffloadingContext(OffloadPolicy.CHUNK_LEVEL)
 
-    def _state(self, ctx: ReqContext) -> RequestState:
+    def _state(self, ctx: ReqContext, call: str) -> RequestState:
         state = self._requests.get(ctx.req_id)
         if state is None:
-            logger.debug("request %s: prepare_store before on_new_request", ctx.req_id)
+            logger.debug("request %s: %s before on_new_request", ctx.req_id, call)
             self.on_new_request(ctx)
             state = self._requests.get(ctx.req_id)
             assert state is not None

@@ -58,14 +58,18 @@ class PromotionTracker:
 
     def finished(
         self, keys: Iterable[OffloadKey], failed: Iterable[OffloadKey]
-    ) -> None:
-        self._in_flight.difference_update(keys)
+    ) -> list[OffloadKey]:
+        """Promotions of `keys` ended (`failed` did not land); returns the keys
+        still tracked, those a `clear` (a reset) has not forgotten."""
+        tracked = [key for key in keys if key in self._in_flight]
+        self._in_flight.difference_update(tracked)
         expires = self._clock() + self._failure_ttl_s
         for key in failed:
             self._failed[key] = expires
             self._failed.move_to_end(key)
             if len(self._failed) > self._max_failures:
                 self._failed.popitem(last=False)
+        return tracked
 
     def recently_failed(self, key: OffloadKey) -> bool:
         expires = self._failed.get(key)

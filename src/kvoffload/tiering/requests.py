@@ -1,8 +1,9 @@
 """Per-request state of the tiering manager: writes in flight, parked cascades.
 
 A request's secondary tiers are told it finished only when no cascade for it can
-follow: its own primary writes have completed (their completion cascades), and the
-chunks it parked for a request-level cascade have been written (or failed).
+follow: its own primary writes and the promotions its lookups started have ended
+(both cascade when they land), and the chunks it parked for a request-level
+cascade have been written (or failed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class RequestState:
     """Chunks this request is writing into the primary tier."""
     parked: int = 0
     """Chunks waiting for their primary write before a request-level cascade."""
+    promoting: int = 0
+    """Chunks this request's lookups are promoting into the primary tier."""
     finished: bool = False
     promoted: dict[OffloadKey, int] = field(default_factory=dict)
     """Chunks this request's lookups found in a secondary tier (by index) and
@@ -30,7 +33,12 @@ class RequestState:
 
     @property
     def finalizable(self) -> bool:
-        return self.finished and self.writing == 0 and self.parked == 0
+        return (
+            self.finished
+            and self.writing == 0
+            and self.parked == 0
+            and self.promoting == 0
+        )
 
 
 class RequestTracker:
@@ -97,12 +105,12 @@ class RequestTracker:
         return waiting
 
     def drop_in_flight(self) -> None:
-        """Forget every in-flight write, parked key and promoted chunk (the
-        primary tier resets)."""
+        """Forget every in-flight write, promotion, parked key and promoted
+        chunk (the primary tier resets)."""
         self._writer.clear()
         self._parked.clear()
         for state in self._states.values():
-            state.writing = state.parked = 0
+            state.writing = state.parked = state.promoting = 0
             state.promoted.clear()
 
     def finalizable(self) -> list[RequestState]:
