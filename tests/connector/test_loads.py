@@ -154,6 +154,25 @@ def test_failed_load_recomputes_and_serving_continues(async_scheduling: bool) ->
     assert h.connector.num_live_requests() == 0
 
 
+def test_a_load_whose_chunks_are_gone_recomputes_and_serving_continues(
+    async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: the host tier no longer has the chunks B's lookup counted when
+    B's load is planned (`prepare_load` answers None): the load fails through
+    the worker and B recomputes its prompt and finishes."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=30)
+    prompt = h.tokens(4 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    monkeypatch.setattr(h.manager, "prepare_load", lambda keys, ctx: None)
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    assert b.num_output == b.max_output_tokens and b.first_token_time is not None
+    assert b.loaded_tokens == 0
+    assert h.connector.get_stats().failed_load_jobs == 1
+    assert h.connector.num_live_requests() == 0
+
+
 def test_failed_store_leaves_nothing_readable(async_scheduling: bool) -> None:
     h = Harness(
         async_scheduling=async_scheduling,
@@ -216,6 +235,38 @@ def test_retry_lookups_defer_too() -> None:
     assert connector.get_num_new_matched_tokens(req, 0) is None
     clock.now = 1.0
     assert connector.get_num_new_matched_tokens(req, 0) == 0
+
+
+def test_a_load_whose_chunks_left_the_host_tier_fails_cleanly() -> None:
+    """Scenario: between B's lookup and the planning of its load, another
+    request's stores evict the chunks B counted. B's load is planned as failed,
+    pinning nothing; the worker reports it failed like any failed load (the
+    engine recomputes) and B does not try to load again."""
+    connector, manager, _, hasher = _lookup_harness()
+    tokens = list(range(40))
+    a = _sim("A", tokens, hasher)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [list(range(10))], 0, 0)
+    (store,) = connector.build_step([ScheduledRequest("A", 0, 40)]).stores
+    connector.on_job_results([JobResult(store.job_id, True)])
+    connector.request_finished("A")
+    b = _sim("B", tokens, hasher)
+    connector.on_new_request(b)
+    assert connector.get_num_new_matched_tokens(b, 0) == 36
+    other = ReqContext("other")
+    evicting = [OffloadKey(bytes([i]) * 36) for i in range(16)]
+    assert manager.prepare_store(evicting, other) is not None  # takes every slot
+    manager.complete_store(evicting, other)
+
+    connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
+    (load,) = connector.build_step([]).loads
+    assert load.fail and load.groups == ()
+    connector.on_job_results([JobResult(load.job_id, False)])
+    assert connector.take_load_results() == ([], ["B"])
+    assert connector.get_stats().failed_load_jobs == 1
+    assert connector.get_num_new_matched_tokens(b, 0) == 0
+    assert manager.prepare_store(_keys(a), other) is not None, "nothing pinned"
 
 
 def _keys(req: SimRequest) -> list[OffloadKey]:

@@ -60,6 +60,22 @@ def test_a_failed_load_writes_nothing_to_the_engine() -> None:
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
+def test_a_job_marked_fail_copies_nothing_and_is_reported_failed() -> None:
+    """A load planned as failed (its chunks left the host tier) leaves the KV
+    alone and is reported like any failed load; the worker carries on."""
+    caches = _caches()
+    with data_plane(caches, SPECS, NUM_SLOTS) as (_, worker):
+        assert run_job(worker, 1, STORE, (0, [0, 1], [0, 1])).success
+        scramble(caches)
+        before = block_bytes(LAYOUT, caches, GROUPS[0], 2)
+        worker.submit(TransferJob(2, LOAD, (GroupTransfer(0, (2,), (0,)),), True))
+        worker.wait([2])
+        (result,) = worker.get_finished()
+        assert result.job_id == 2 and not result.success
+        assert torch.equal(block_bytes(LAYOUT, caches, GROUPS[0], 2), before)
+        assert run_job(worker, 3, LOAD, (0, [2], [0])).success
+
+
 def test_negative_and_out_of_range_engine_blocks_fail() -> None:
     caches = _caches()
     with data_plane(caches, SPECS, NUM_SLOTS) as (_, worker):

@@ -48,7 +48,12 @@ from kvoffload.tiers.base import (
     ReqContext,
     TierStats,
 )
-from kvoffload.worker.base import JobResult, TransferDirection, TransferJob
+from kvoffload.worker.base import (
+    GroupTransfer,
+    JobResult,
+    TransferDirection,
+    TransferJob,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,23 +131,43 @@ class OffloadConnector:
                     group.store_cursor = hit // group.tokens_per_chunk
         if num_external_tokens <= 0:
             return
-        keys, transfers = plan_load(
+        planned = plan_load(
             self.manager, state, num_computed_tokens, hit, self.config.null_block_id
         )
+        if planned is None:
+            # A chunk the lookup counted has left the host tier since. The engine
+            # waits for this load: fail it like any failed load, so it recomputes.
+            logger.warning(
+                "request %s: a chunk of its hit left the host tier before its "
+                "load was planned; it recomputes",
+                request_id,
+            )
+            self._add_load(state, (), (), fail=True)
+            return
+        keys, transfers = planned
         self.manager.on_load_planned(
             load_tokens(state, num_computed_tokens, hit), state.ctx
         )
         if self._observer is not None:
             self._observe_load(state, num_computed_tokens, hit)
-        record = self._jobs.new(request_id, TransferDirection.LOAD, keys)
-        state.load_job = record.job_id
+        self._add_load(state, keys, transfers)
         for key in keys:
             self._loading[key] = self._loading.get(key, 0) + 1
-        self._pending_loads.append(
-            TransferJob(record.job_id, TransferDirection.LOAD, transfers)
-        )
-        self._request_of[record.job_id] = request_id
         self._stats.hit_tokens += num_external_tokens
+
+    def _add_load(
+        self,
+        state: RequestState,
+        keys: tuple[OffloadKey, ...],
+        transfers: tuple[GroupTransfer, ...],
+        fail: bool = False,
+    ) -> None:
+        record = self._jobs.new(state.req_id, TransferDirection.LOAD, keys)
+        state.load_job = record.job_id
+        self._pending_loads.append(
+            TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
+        )
+        self._request_of[record.job_id] = state.req_id
 
     def on_preempted(self, request_ids: Iterable[str]) -> None:
         """The engine freed these requests' blocks; they will be looked up again."""

@@ -20,10 +20,11 @@ def plan_load(
     start_token: int,
     end_token: int,
     null_block: int | None = None,
-) -> tuple[tuple[OffloadKey, ...], tuple[GroupTransfer, ...]]:
+) -> tuple[tuple[OffloadKey, ...], tuple[GroupTransfer, ...]] | None:
     """Pin the chunks covering tokens [start, end) of every group and map their blocks.
 
-    Returns the pinned keys (for `complete_load`) and the per-group transfers.
+    Returns the pinned keys (for `complete_load`) and the per-group transfers, or
+    `None`, pinning nothing, when a chunk is no longer readable.
     Engine blocks equal to `null_block` (outside a sliding window) are skipped.
     """
     spans: list[tuple[GroupState, int, int, int, int]] = []
@@ -35,6 +36,8 @@ def plan_load(
         spans.append((group, first_block, end_block, chunks.start, len(keys)))
         keys.extend(group.keys[chunks.start : chunks.stop])
     slots = manager.prepare_load(keys, state.ctx)
+    if slots is None:
+        return None
     transfers: list[GroupTransfer] = []
     for group, first_block, end_block, first_chunk, key_offset in spans:
         per = group.blocks_per_chunk

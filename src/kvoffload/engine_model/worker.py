@@ -45,7 +45,7 @@ class SimulatedWorker(TransferWorker):
         seconds = self._time.transfer_seconds(tokens)
         end = begin + seconds
         self._link_free[job.direction] = end
-        ok = self._fail is None or not self._fail(job)
+        ok = not job.fail and (self._fail is None or not self._fail(job))
         num_bytes = tokens * self._time.kv_bytes_per_token if ok else 0
         self._running[job.job_id] = (end, JobResult(job.job_id, ok, num_bytes, seconds))
 

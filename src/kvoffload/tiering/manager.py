@@ -299,7 +299,7 @@ class TieringManager(OffloadingManager):
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
-    ) -> tuple[int, ...]:
+    ) -> tuple[int, ...] | None:
         self._poll_once()
         return self.primary.prepare_load(keys, ctx)
 

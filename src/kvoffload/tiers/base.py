@@ -191,10 +191,11 @@ class OffloadingManager(ABC):
     @abstractmethod
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
-    ) -> tuple[int, ...]:
+    ) -> tuple[int, ...] | None:
         """Pin readable chunks for reading; returns their slots, in order.
 
-        Every key must be readable (`HIT`); the pins hold until `complete_load`.
+        The pins hold until `complete_load`. Atomic: `None`, pinning nothing,
+        when a key is not readable (`HIT`) any more; the caller fails that load.
         """
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:

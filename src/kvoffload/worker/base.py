@@ -46,6 +46,9 @@ class TransferJob:
     job_id: int
     direction: TransferDirection
     groups: tuple[GroupTransfer, ...]
+    fail: bool = False
+    """Copy nothing and report the job failed: a load whose chunks left the host
+    tier before it could be planned (its request recomputes them)."""
 
     @property
     def num_blocks(self) -> int:
@@ -66,8 +69,8 @@ class TransferWorker(ABC):
     """Runs transfer jobs next to the model, asynchronously.
 
     `submit` never blocks on the copy and never raises for a failed copy: the
-    failure is reported by `get_finished` as `success=False`. Jobs finish in any
-    order. A load waits for the engine's own pending writes to its destination
+    failure is reported by `get_finished` as `success=False`, as it is for a job
+    marked `fail`. Jobs finish in any order. A load waits for the engine's own pending writes to its destination
     blocks before copying.
     """
 

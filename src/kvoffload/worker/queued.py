@@ -68,6 +68,10 @@ class QueuedTransferWorker(TransferWorker):
         """Release resources after the thread and all pending jobs have ended."""
 
     def submit(self, job: TransferJob) -> None:
+        if job.fail:
+            with self._cond:
+                self._finished.append(JobResult(job.job_id, success=False))
+            return
         ticket = self._on_submit(job)
         with self._cond:
             if job.job_id in self._in_flight:

@@ -109,6 +109,20 @@ def test_a_load_is_an_access_so_the_request_does_not_evict_what_it_loaded() -> N
     assert m.lookup_prefix(keys(1), CTX).ready == 1
 
 
+def test_prepare_load_of_a_chunk_no_longer_readable_pins_nothing() -> None:
+    """A load naming an evicted chunk and one in flight answers None; the
+    readable chunk named with them is not pinned (it is still evictable)."""
+    m = CPUOffloadingManager(2)
+    stored(m, [1])
+    assert m.prepare_store(keys(2), CTX) is not None  # in flight
+    assert m.prepare_load(keys(1, 9), CTX) is None
+    assert m.prepare_load(keys(1, 2), CTX) is None
+    m.complete_store(keys(2), CTX)
+    out = m.prepare_store(keys(3), CTX)
+    assert out is not None and out.evicted_keys == (k(1),)
+    assert m.get_stats()["cpu"].chunks_loaded == 0
+
+
 def test_failed_prepare_store_changes_nothing() -> None:
     m = CPUOffloadingManager(2)
     stored(m, [1, 2])

@@ -119,7 +119,9 @@ class CPUOffloadingManager(OffloadingManager):
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
-    ) -> tuple[int, ...]:
+    ) -> tuple[int, ...] | None:
+        if not all(map(self.is_readable, keys)):
+            return None
         slots = self.pin(keys)
         self._stats.chunks_loaded += len(slots)
         # A load is an access. Without this the chunks keep the recency of their
