@@ -254,3 +254,27 @@ def test_finish_is_forwarded_only_after_a_landed_promotion_cascaded() -> None:
     engine.settle()
     assert near.calls[-2:] == [("store", (key(1),)), ("finished", "r1")]
     assert far.calls[-1] == ("finished", "r1")
+
+
+def test_a_promotion_for_one_group_never_evicts_what_another_group_counted() -> None:
+    """Scenario: a hybrid model's two groups. The primary tier is full; group 0's
+    chunks 1-2 are readable and the oldest; group 1 has chunk 1 there but chunk
+    2 only in the secondary tier. Making room for that promotion takes the
+    unrelated chunk, not group 0's chunks, which the same lookup counted."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = HeldTier(buf)
+    g0, g1 = [key(1, 0), key(2, 0)], [key(1, 1), key(2, 1)]
+    tier.chunks[g1[1]] = payload(g1[1], SLOT)
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4)
+    no_cascade = ReqContext.create("w", {"kv_store_tiers": []})
+    engine.store([*g0, g1[0]], no_cascade)
+    engine.store(keys(9), no_cascade)  # full, and the most recent chunk
+    m.on_new_request(R1)
+    assert m.lookup_prefixes([g0, g1], R1) == [PrefixLookup(2, 2), PrefixLookup(1, 2)]
+    assert [m.lookup(k, R1) for k in (*g0, key(9))] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.MISS,
+    ]
+    engine.step()
+    engine.load([*g0, *g1], R1)

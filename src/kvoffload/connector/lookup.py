@@ -48,22 +48,23 @@ class LookupPlanner:
         if cap == 0 or not self._all_offloaded or state.load_failed:
             return 0
         state.refresh_keys()
-        hit_end: int | None = None
-        must_wait = False
-        for group in state.groups:
-            chunk_tokens = group.tokens_per_chunk
-            first = num_computed_tokens // chunk_tokens
-            if (
-                self._config.engine_prefix_caching
-                and first < len(group.keys)
-                and group.keys[first] in self._loading
-            ):
-                must_wait = True  # another request is loading it into the engine
-            found = self._manager.lookup_prefix(group.keys[first:], state.ctx)
-            end = (first + found.ready) * chunk_tokens
-            hit_end = end if hit_end is None else min(hit_end, end)
-            must_wait = must_wait or found.must_wait
-        assert hit_end is not None
+        firsts = [num_computed_tokens // g.tokens_per_chunk for g in state.groups]
+        must_wait = self._config.engine_prefix_caching and any(
+            # another request is loading it into the engine
+            first < len(g.keys) and g.keys[first] in self._loading
+            for g, first in zip(state.groups, firsts, strict=True)
+        )
+        # All groups in one call: a promotion for one group must not evict what
+        # another group counted.
+        founds = self._manager.lookup_prefixes(
+            [g.keys[first:] for g, first in zip(state.groups, firsts, strict=True)],
+            state.ctx,
+        )
+        hit_end = min(
+            (first + found.ready) * g.tokens_per_chunk
+            for g, first, found in zip(state.groups, firsts, founds, strict=True)
+        )
+        must_wait = must_wait or any(found.must_wait for found in founds)
         external = self._clamp(state, num_computed_tokens, hit_end, cap)
         if must_wait and self._may_defer(state):
             return None

@@ -217,10 +217,37 @@ class TieringManager(OffloadingManager):
     def lookup_prefix(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrefixLookup:
+        return self.lookup_prefixes((keys,), ctx)[0]
+
+    def lookup_prefixes(
+        self, prefixes: Sequence[Sequence[OffloadKey]], ctx: ReqContext
+    ) -> list[PrefixLookup]:
+        """Every group's primary prefix first, then the secondary tiers behind
+        each: a promotion for one group must not evict a chunk another group
+        counted, or the engine would load a chunk that is gone."""
         self._poll_once()
-        head = self.primary.lookup_prefix(keys, ctx)
-        if head.present == len(keys) or not self.tiers:
-            return head
+        found = [self.primary.lookup_prefix(keys, ctx) for keys in prefixes]
+        pairs = list(zip(prefixes, found, strict=True))
+        if not self.tiers or all(f.present == len(keys) for keys, f in pairs):
+            return found
+        counted = [keys[: f.present] for keys, f in pairs]
+        for g, keys in enumerate(prefixes):
+            if found[g].present < len(keys):
+                others = [k for j, ks in enumerate(counted) if j != g for k in ks]
+                found[g] = self._walk_secondary(keys, found[g], ctx, others)
+                counted[g] = keys[: found[g].present]
+        self._submit_promotions()
+        return found
+
+    def _walk_secondary(
+        self,
+        keys: Sequence[OffloadKey],
+        head: PrefixLookup,
+        ctx: ReqContext,
+        protect: Sequence[OffloadKey],
+    ) -> PrefixLookup:
+        """Extend a primary prefix past its first miss from the secondary tiers;
+        promotions evict none of `protect` nor of the prefix walked so far."""
         ready, present = head.ready, head.present
         readable = ready == present
         retry = False
@@ -228,7 +255,8 @@ class TieringManager(OffloadingManager):
             key = keys[i]
             result = _MISS if i == head.present else self.primary.lookup(key, ctx)
             if result is _MISS:
-                result = self._lookup_secondary(key, ctx, keys[:i], keys[i + 1 :])
+                before = [*protect, *keys[:i]]
+                result = self._lookup_secondary(key, ctx, before, keys[i + 1 :])
             if result is _MISS:
                 break
             if result is _RETRY:
@@ -239,7 +267,6 @@ class TieringManager(OffloadingManager):
                 ready += 1
             else:
                 readable = False
-        self._submit_promotions()
         return PrefixLookup(ready, present, retry)
 
     def _lookup_secondary(
@@ -277,8 +304,8 @@ class TieringManager(OffloadingManager):
         ctx: ReqContext,
         before: Sequence[OffloadKey],
     ) -> bool:
-        # The chunks before it in the prefix were counted present by this lookup:
-        # making room for the promotion must not evict them.
+        # The chunks in `before` were counted present by this lookup: making room
+        # for the promotion must not evict them.
         out = self.primary.prepare_store(
             (key,), ctx, bypass_admission=True, protect=before
         )

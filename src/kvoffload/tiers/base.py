@@ -188,6 +188,18 @@ class OffloadingManager(ABC):
                 readable = False
         return PrefixLookup(ready, present)
 
+    def lookup_prefixes(
+        self, prefixes: Sequence[Sequence[OffloadKey]], ctx: ReqContext
+    ) -> list[PrefixLookup]:
+        """Look up one request's prefixes, one per KV-cache group, as
+        `lookup_prefix` does each.
+
+        A chunk counted for one prefix stays counted: what looking up another
+        starts (a promotion making room) does not evict it. Managers whose
+        lookups can evict must override this; the default looks them up in turn.
+        """
+        return [self.lookup_prefix(keys, ctx) for keys in prefixes]
+
     @abstractmethod
     def prepare_load(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
