@@ -6,6 +6,17 @@ import math
 from dataclasses import dataclass
 
 
+def is_valid_max_defer_s(value: object) -> bool:
+    """A finite number of seconds >= 0, not a bool: NaN never compares, and inf
+    would let a deferral last forever (SPEC: it never lasts beyond a bound)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     """One KV-cache group as the connector sees it.
@@ -82,9 +93,10 @@ class ConnectorConfig:
             raise ValueError(
                 f"offload_prompt_only must be true or false, got {self.offload_prompt_only!r}"
             )
-        if not isinstance(self.max_defer_s, int | float) or self.max_defer_s < 0:
+        if not is_valid_max_defer_s(self.max_defer_s):
             raise ValueError(
-                f"max_defer_s must be a number >= 0, got {self.max_defer_s!r}"
+                "max_defer_s must be a finite number of seconds >= 0 (a deferral "
+                f"must end), got {self.max_defer_s!r}"
             )
         if type(self.world_size) is not int or self.world_size < 1:
             raise ValueError(f"world_size must be an int >= 1, got {self.world_size!r}")

@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
 from kvoffload.tiers.secondary.file_io import chunk_file_size
@@ -111,15 +113,21 @@ def test_full_tier_evicts_least_recently_used_and_touch_refreshes(
     tier.shutdown()
 
 
-def test_chunk_larger_than_the_capacity_is_skipped_and_counted(
+def test_capacity_below_one_chunk_file_is_a_start_up_error(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
-    tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE - 1)
-    buffer.slot_view(0)[: GROUPS[0]] = payload(key(1), GROUPS[0])
-    result = Jobs(tier).store([key(1)], [0])
-    assert result.failed_keys == (key(1),)
-    assert tier.get_stats().store_skipped == 1
-    assert resolve(tier, key(1)) is LookupResult.MISS
+    """Scenario: a capacity one byte short of the largest chunk file could never
+    hold a chunk of every group: the tier refuses to start, naming the size it
+    needs, and creates nothing on disk; exactly one chunk file is accepted."""
+    with pytest.raises(
+        ValueError, match=rf"capacity: {FILE_SIZE - 1} bytes .* at least {FILE_SIZE}"
+    ):
+        tier_at(tmp_path / "small", buffer, capacity=FILE_SIZE - 1)
+    assert not (tmp_path / "small").exists()
+    tier = tier_at(tmp_path / "one", buffer, capacity=FILE_SIZE)
+    store(tier, buffer, [1])
+    assert resolve(tier, key(1)) is LookupResult.HIT
+    assert tier.get_stats().capacity == 1
     tier.shutdown()
 
 

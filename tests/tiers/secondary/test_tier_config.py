@@ -143,7 +143,7 @@ def test_factory_builds_by_type_and_rejects_unknown_types_and_duplicate_names(
             [{"type": "memory", "capacity_chunks": 4}] * 2, buf, FINGERPRINT
         )
     file_tier = create_secondary_tier(
-        {"type": "file", "path": str(tmp_path), "capacity": 4096}, buf, FINGERPRINT
+        {"type": "file", "path": str(tmp_path), "capacity": "1MiB"}, buf, FINGERPRINT
     )
     assert (file_tier.medium, file_tier.locality) == ("storage", "local")
     file_tier.shutdown()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload.config import parse_size
+from kvoffload.connector.config import is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
 from kvoffload.tiers.secondary import parse_tier_config
 
@@ -119,9 +120,10 @@ class KVOffloadSettings:
                     f"kv_connector_extra_config['secondary_tiers'][{i}]: {exc}"
                 ) from None
         defer = extra.get("max_defer_s", 1.0)
-        if not isinstance(defer, int | float) or isinstance(defer, bool) or defer < 0:
+        if not is_valid_max_defer_s(defer):
             raise ValueError(
-                f"kv_connector_extra_config['max_defer_s']: {defer!r} is not a number >= 0"
+                f"kv_connector_extra_config['max_defer_s']: {defer!r} is not a "
+                "finite number of seconds >= 0 (a deferral must end)"
             )
         tag = extra.get("model_tag")
         if tag is not None and (not isinstance(tag, str) or not tag.strip()):

@@ -32,11 +32,14 @@ from kvoffload.tiers.secondary.executor import (
     split_indices,
 )
 from kvoffload.tiers.secondary.file_index import FileIndex
-from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
+from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile, chunk_file_size
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
+
+_KEY_LEN = 36
+"""Bytes of an `OffloadKey` of a SHA-256 block hash and a 4-byte group index."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,18 @@ class FileTier(SecondaryTier):
         )
         self.config = config
         self._buffer = buffer
-        self._files = ChunkFiles(
-            config.path, validate_fingerprint(fingerprint), config.fsync
-        )
-        largest = self._files.file_size(OffloadKey(bytes(36)), buffer.slot_nbytes)
-        self._capacity_chunks = max(1, config.capacity_bytes // largest)
+        fingerprint = validate_fingerprint(fingerprint)
+        # The largest chunk file (a whole slot); a tier that cannot hold one
+        # could never serve a prefix, so it is a start-up error, not a silent miss.
+        largest = chunk_file_size(_KEY_LEN, fingerprint, buffer.slot_nbytes)
+        if config.capacity_bytes < largest:
+            raise ValueError(
+                f"file tier {config.name!r}: capacity: {config.capacity_bytes!r} "
+                "bytes cannot hold one chunk file of this model and layout; "
+                f"expected at least {largest} bytes"
+            )
+        self._files = ChunkFiles(config.path, fingerprint, config.fsync)
+        self._capacity_chunks = config.capacity_bytes // largest
         self._index = FileIndex(
             config.capacity_bytes,
             create_policy(config.eviction_policy, self._capacity_chunks),
