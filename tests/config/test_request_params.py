@@ -81,3 +81,62 @@ def test_parse_size(value: object, expected: int) -> None:
 def test_parse_size_errors_name_the_field(value: object) -> None:
     with pytest.raises(ValueError, match="cpu_bytes_to_use"):
         parse_size(value, "cpu_bytes_to_use")
+
+
+TIERS = frozenset({"cpu", "disk", "shared"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "disk", "shared", "ignored"),
+    [
+        (["disk", "dsik"], True, False, "['dsik'] in kv_load_tiers"),
+        ("disk, shraed", True, False, "['shraed'] in kv_load_tiers"),
+        (["dsik"], True, True, "kv_load_tiers=['dsik']"),  # none good: as if absent
+        (["storage:far", 3], True, True, "kv_load_tiers=['storage:far', 3]"),
+        (["remote", "nvme"], False, True, "['nvme'] in kv_load_tiers"),
+        ({"disk": 1}, True, True, "kv_load_tiers={'disk': 1}"),
+    ],
+)
+def test_unknown_tier_names_warn_once_and_are_ignored(
+    raw: object,
+    disk: bool,
+    shared: bool,
+    ignored: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: a request names tiers, one misspelt: one warning naming the
+    request, what is ignored and the tiers there are; the good names still
+    restrict the request, and a value with no good name is ignored as if absent."""
+    with caplog.at_level(logging.WARNING):
+        params = RequestParams.parse("r5", {"kv_load_tiers": raw}, TIERS)
+    assert params.load_tiers.allows("disk", "storage", "local") is disk
+    assert params.load_tiers.allows("shared", "cpu", "remote") is shared
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "r5" in warnings[0] and f"ignoring {ignored}" in warnings[0]
+    assert "['cpu', 'disk', 'shared']" in warnings[0]
+
+
+def test_known_tier_names_media_and_localities_do_not_warn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    good = {
+        "kv_load_tiers": ["disk", "storage", "remote", "cpu:local"],
+        "kv_store_tiers": [],
+    }
+    with caplog.at_level(logging.WARNING):
+        params = RequestParams.parse("r6", good, TIERS)
+    assert caplog.records == []
+    assert params.load_tiers.allows("disk", "storage", "local")
+    assert not params.store_tiers.allows("disk", "storage", "local")
+
+
+def test_each_bad_tier_parameter_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    bad = {"kv_load_tiers": ["dsik", "sahred"], "kv_store_tiers": "dsik,disk"}
+    with caplog.at_level(logging.WARNING):
+        params = RequestParams.parse("r8", bad, TIERS)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert "kv_load_tiers" in warnings[0] and "kv_store_tiers" in warnings[1]
+    assert params.load_tiers.allows("shared", "cpu", "remote")
+    assert not params.store_tiers.allows("shared", "cpu", "remote")

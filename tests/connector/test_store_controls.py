@@ -6,8 +6,12 @@ import logging
 
 import pytest
 
-from kvoffload import offload_key_group
-from kvoffload.tiers.base import OffloadPolicy
+from kvoffload import CPUOffloadingManager, ReqContext, offload_key_group
+from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
+from kvoffload.engine_model import SimRequest
+from kvoffload.tiering import TieringManager
+from kvoffload.tiers.base import OffloadPolicy, RequestOffloadingContext
+from kvoffload.tiers.secondary import ArrayChunkBuffer, MemoryTier, MemoryTierConfig
 
 from .conftest import Harness
 
@@ -130,3 +134,34 @@ def test_when_all_new_chunks_do_not_fit_the_head_is_stored(
     expected_head = chunk_keys(h.hasher.hash_blocks(prompt), 3, 0)[: len(offered)]
     assert offered == expected_head
     assert h.connector.get_stats().store_skipped > 0
+
+
+def test_misspelt_tier_names_are_checked_against_the_managers_tiers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: tiers "cpu" and "disk"; one request selects ["disk", "dsik"],
+    another only ["dsik"]. Each warns once; the first still keeps "disk" alone,
+    the second's selector is ignored, as if absent (every tier)."""
+    buffer = ArrayChunkBuffer(4, 64)
+    disk = MemoryTier(MemoryTierConfig(4, name="disk"), buffer)
+    seen: dict[str, ReqContext] = {}
+
+    class Manager(TieringManager):
+        def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+            seen[ctx.req_id] = ctx
+            return super().on_new_request(ctx)
+
+    connector = OffloadConnector(
+        ConnectorConfig((GroupSpec(4, 1),)), Manager(CPUOffloadingManager(4), [disk])
+    )
+    with caplog.at_level(logging.WARNING):
+        for req_id, names in (("both", ["disk", "dsik"]), ("typo", ["dsik"])):
+            params = {"kv_store_tiers": names}
+            connector.on_new_request(SimRequest(req_id, 0.0, 8, 1, (), 4, params))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "both" in warnings[0] and "['dsik'] in kv_store_tiers" in warnings[0]
+    assert "typo" in warnings[1] and "['cpu', 'disk']" in warnings[1]
+    assert seen["both"].params.store_tiers.allows("disk", "cpu", "local")
+    assert not seen["both"].params.store_tiers.allows("other", "storage", "remote")
+    assert seen["typo"].params.store_tiers.allows("disk", "cpu", "local")

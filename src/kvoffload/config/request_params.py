@@ -1,14 +1,15 @@
 """Per-request parameters read from `kv_transfer_params`, parsed once.
 
 Bad values never fail a request: each logs one warning naming the request and the
-value, and is ignored as if absent (SPEC §4). `max_offload_tokens` and
-`max_load_tokens` are experimental and may change.
+value, and is ignored as if absent (SPEC §4); in a list of tiers, only its bad
+entries are, unless none is good. `max_offload_tokens` and `max_load_tokens` are
+experimental and may change.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +54,21 @@ class RequestParams:
     store_tiers: TierSelector = ALL_TIERS
 
     @classmethod
-    def parse(cls, req_id: str, params: Mapping[str, Any] | None) -> RequestParams:
+    def parse(
+        cls,
+        req_id: str,
+        params: Mapping[str, Any] | None,
+        tier_names: Collection[str] | None = None,
+    ) -> RequestParams:
+        """`tier_names`: the names `kv_load_tiers`/`kv_store_tiers` may give (any
+        name is taken when `None`); other names are warned about and ignored."""
         if not params:
             return cls()
         return cls(
             max_offload_tokens=_token_cap(req_id, params, "max_offload_tokens"),
             max_load_tokens=_token_cap(req_id, params, "max_load_tokens"),
-            load_tiers=_tier_selector(req_id, params, "kv_load_tiers"),
-            store_tiers=_tier_selector(req_id, params, "kv_store_tiers"),
+            load_tiers=_tier_selector(req_id, params, "kv_load_tiers", tier_names),
+            store_tiers=_tier_selector(req_id, params, "kv_store_tiers", tier_names),
         )
 
 
@@ -80,29 +88,70 @@ def _token_cap(req_id: str, params: Mapping[str, Any], name: str) -> int | None:
     return None
 
 
-def _valid_tier_entry(entry: object) -> bool:
-    if not isinstance(entry, str) or not entry:
-        return False
+def _known_tier_entry(entry: str, tier_names: Collection[str] | None) -> bool:
     if ":" in entry:
         medium, _, locality = entry.partition(":")
         return medium in MEDIA and locality in LOCALITIES
-    return True
+    if entry in MEDIA or entry in LOCALITIES:
+        return True
+    return tier_names is None or entry in tier_names
 
 
-def _tier_selector(req_id: str, params: Mapping[str, Any], name: str) -> TierSelector:
+def _tier_selector(
+    req_id: str,
+    params: Mapping[str, Any],
+    name: str,
+    tier_names: Collection[str] | None,
+) -> TierSelector:
+    """The entries of `name` that select tiers; one warning for the rest.
+
+    A bad entry (a misspelt tier name, say) is dropped and the others are kept:
+    the request still avoids the tiers it left out. When no entry is good the
+    value is ignored as if absent (every tier); an empty list is good and
+    selects no secondary tier.
+    """
     raw = params.get(name)
     if raw is None:
         return ALL_TIERS
     entries: object = raw.split(",") if isinstance(raw, str) else raw
-    if isinstance(entries, list | tuple) and all(_valid_tier_entry(e) for e in entries):
-        return TierSelector(tuple(str(e).strip() for e in entries))
+    if not isinstance(entries, list | tuple):
+        _warn_tiers(req_id, name, raw, None, tier_names)
+        return ALL_TIERS
+    good: list[str] = []
+    bad: list[object] = []
+    for entry in entries:
+        entry = entry.strip() if isinstance(entry, str) else entry
+        if isinstance(entry, str) and entry and _known_tier_entry(entry, tier_names):
+            good.append(entry)
+        else:
+            bad.append(entry)
+    if not bad:
+        return TierSelector(tuple(good))
+    if not good:
+        _warn_tiers(req_id, name, raw, None, tier_names)
+        return ALL_TIERS
+    _warn_tiers(req_id, name, raw, bad, tier_names)
+    return TierSelector(tuple(good))
+
+
+def _warn_tiers(
+    req_id: str,
+    name: str,
+    raw: object,
+    bad: list[object] | None,
+    tier_names: Collection[str] | None,
+) -> None:
+    """One warning for `name`: its bad entries are ignored, or (`bad=None`) all of it."""
+    what = "" if bad is None else f"{bad!r} in "
+    names = "tier names" if tier_names is None else f"tier names {sorted(tier_names)}"
     logger.warning(
-        "request %s: ignoring %s=%r (expected a list of tier names, media %s, "
+        "request %s: ignoring %s%s=%r (expected a list of %s, media %s, "
         "localities %s or medium:locality)",
         req_id,
+        what,
         name,
         raw,
+        names,
         MEDIA,
         LOCALITIES,
     )
-    return ALL_TIERS

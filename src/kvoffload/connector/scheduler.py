@@ -71,6 +71,8 @@ class OffloadConnector:
         self.config = config
         self.manager = manager
         self._observer = observer
+        # Tiers are fixed at start-up: what requests may name in kv_*_tiers.
+        self._tier_names = manager.tier_names()
         # Keys being loaded into the engine, with the number of loads carrying them.
         self._loading: dict[OffloadKey, int] = {}
         self._lookup = LookupPlanner(config, manager, clock, self._loading)
@@ -92,7 +94,7 @@ class OffloadConnector:
         req_id = request.request_id
         if req_id in self._requests:
             return
-        ctx = ReqContext.create(req_id, request.kv_transfer_params)
+        ctx = ReqContext.create(req_id, request.kv_transfer_params, self._tier_names)
         policy = self.manager.on_new_request(ctx).policy
         self._requests[req_id] = RequestState.create(request, policy, ctx, self.config)
         self._stats.requests += 1

@@ -8,7 +8,7 @@ moves no bytes; the worker does, from the slots the manager hands out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -69,12 +69,15 @@ class ReqContext:
 
     @classmethod
     def create(
-        cls, req_id: str, kv_transfer_params: Mapping[str, Any] | None = None
+        cls,
+        req_id: str,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+        tier_names: Collection[str] | None = None,
     ) -> ReqContext:
-        """Parse `kv_transfer_params` once (warning on bad values)."""
-        return cls(
-            req_id, kv_transfer_params, RequestParams.parse(req_id, kv_transfer_params)
-        )
+        """Parse `kv_transfer_params` once (warning on bad values); `tier_names`
+        are the tiers a request may name (see `OffloadingManager.tier_names`)."""
+        params = RequestParams.parse(req_id, kv_transfer_params, tier_names)
+        return cls(req_id, kv_transfer_params, params)
 
 
 class PrefixLookup(NamedTuple):
@@ -280,6 +283,11 @@ class OffloadingManager(ABC):
     @abstractmethod
     def get_stats(self) -> dict[str, TierStats]:
         """A snapshot of each tier's counters, by tier name (no side effects)."""
+
+    def tier_names(self) -> frozenset[str]:
+        """The names of the tiers it holds chunks in: what `kv_load_tiers` and
+        `kv_store_tiers` may name (by default, the keys of `get_stats`)."""
+        return frozenset(self.get_stats())
 
     def shutdown(self) -> None:
         """Release resources (threads, connections)."""
