@@ -99,10 +99,6 @@ def test_promotion_into_a_full_primary_with_nothing_evictable_misses() -> None:
 def test_load_tier_filter_by_medium_locality_and_name() -> None:
     """Scenario: kv_load_tiers picks which tiers a request reads: by medium
     (storage), by locality (remote) or by name; excluded tiers are not asked."""
-    buf = ArrayChunkBuffer(8, SLOT)
-    disk = seeded_tier(buf, [1], name="disk", medium="storage", locality="local")
-    shared = seeded_tier(buf, [2], name="shared", medium="cpu", locality="remote")
-    m, engine = make_manager([disk, shared], buffer=buf, num_chunks=8)
     cases = [
         (["storage"], {1}),
         (["remote"], {2}),
@@ -111,12 +107,14 @@ def test_load_tier_filter_by_medium_locality_and_name() -> None:
         ([], set()),
     ]
     for n, (selector, readable) in enumerate(cases):
+        buf = ArrayChunkBuffer(8, SLOT)  # each selector starts cold
+        disk = seeded_tier(buf, [1], name="disk", medium="storage", locality="local")
+        shared = seeded_tier(buf, [2], name="shared", medium="cpu", locality="remote")
+        m, _ = make_manager([disk, shared], buffer=buf, num_chunks=8)
         ctx = ReqContext.create(f"q{n}", {"kv_load_tiers": selector})
         m.on_new_request(ctx)
         found = {i for i in (1, 2) if m.lookup(key(i), ctx) is not LookupResult.MISS}
         assert found == readable, selector
-        engine.step()
-        m.reset_cache()  # forget promotions so each selector starts cold
 
 
 def test_secondary_tiers_are_asked_in_order_and_first_hit_wins() -> None:
@@ -140,24 +138,28 @@ def test_promoted_chunk_is_not_cascaded_back() -> None:
     assert tier.stored_keys() == []
 
 
-def test_reset_keeps_secondary_chunks_and_waits_for_running_jobs() -> None:
-    """Scenario: reset while a cascade is held: reset drains it, the primary is
-    empty afterwards, a late completion of an old store is ignored, and the
-    chunk is promoted back from the secondary tier."""
+def test_reset_empties_every_tier_after_waiting_for_running_jobs() -> None:
+    """Scenario: reset while a cascade is held: reset drains it first (its
+    slot is not reused under it), then empties the secondary tier too, so
+    neither the drained chunk nor an older one comes back; a late completion
+    of an old store is ignored; a chunk stored afterwards cascades as before."""
     buf = ArrayChunkBuffer(4, SLOT)
-    tier = HeldTier(buf, auto=False)
+    tier = seeded_tier(buf, [3], auto=False)
     m, engine = make_manager([tier], buffer=buf, num_chunks=4)
     m.on_new_request(R1)
     engine.store(keys(1), R1)
     engine.store(keys(2), R1, complete=False)
     m.reset_cache()
-    assert tier.held == [] and key(1) in tier.chunks
+    assert tier.held == [] and tier.chunks == {}
+    assert ("reset", 2) in tier.calls  # 1 (drained) and 3 were dropped
     m.complete_store(keys(2), R1)  # late completion of a job from before the reset
     assert m.primary.num_free_slots() == 4
     tier.auto = True
-    assert engine.lookup_until_known(key(1), R1) is LookupResult.HIT
-    engine.load(keys(1), R1)
-    assert m.lookup(key(2), R1) is LookupResult.MISS
+    for k in keys(1, 2, 3):
+        assert engine.lookup_until_known(k, R1) is LookupResult.MISS
+    engine.store(keys(4), R1)
+    engine.settle()
+    assert key(4) in tier.chunks
 
 
 def test_a_promotion_never_evicts_the_prefix_its_lookup_counted() -> None:

@@ -215,6 +215,10 @@ class HeldTier(SecondaryTier):
     def drain(self) -> None:
         self.release()
 
+    def reset_cache(self) -> None:
+        self.calls.append(("reset", len(self.chunks)))
+        self.chunks.clear()
+
     def get_stats(self) -> TierStats:
         return self.stats
 

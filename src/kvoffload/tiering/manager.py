@@ -473,11 +473,18 @@ class TieringManager(OffloadingManager):
         return events
 
     def reset_cache(self) -> None:
-        """Drop the primary tier's chunks; secondary tiers keep theirs.
+        """Drop every chunk of every tier (SPEC §3.3): secondary tiers empty
+        their whole namespace (`SecondaryTier.reset_cache`), because after an
+        in-place weight update the model's fingerprint may be unchanged and
+        anything they kept would be served as stale KV.
 
-        Waits for every tier job in flight (none is aborted midway: a half-copied
-        chunk would corrupt a slot or a tier), so no I/O thread touches a slot
-        once the primary tier reuses it.
+        First waits, on the scheduler thread, for every tier job in flight (none
+        is aborted midway: a half-copied chunk would corrupt a slot or a tier),
+        so no I/O thread touches a slot once the primary tier reuses it, and no
+        job that read old chunks completes into the emptied tiers. That wait is
+        bounded by each tier's `max_inflight_chunks` and call timeouts, and
+        resets are rare (weight updates, with generation paused); deleting the
+        tiers' contents, the long part, runs on their own threads.
         """
         self._requests.drop_in_flight()
         self._promotions.clear()
@@ -487,6 +494,8 @@ class TieringManager(OffloadingManager):
         assert not self._jobs, "tier jobs still in flight after drain"
         for state in self._requests.finalizable():
             self._maybe_finalize(state)
+        for tier in self.tiers:
+            tier.reset_cache()
         self.primary.reset_cache()
         self._polled = False
 

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvoffload import OffloadKey, make_offload_key
 from kvoffload.policies import create_policy, policy_names
-from kvoffload.tiers.secondary.file_index import FileIndex
+from kvoffload.tiers.secondary.file_index import FileIndex, Reservation
 
 CAPACITY = 12
 SIZES = (2, 3, 5)
@@ -129,3 +129,24 @@ TestFileIndexMachine = FileIndexMachine.TestCase
 TestFileIndexMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
+
+
+def test_clear_forgets_chunks_but_a_key_being_deleted_stays_unwritable() -> None:
+    """Scenario: chunk 1 was evicted for chunk 2 and its file is still being
+    deleted when the tier resets. Chunk 2 is forgotten and its room is free;
+    chunk 1 may not be written again until its delete has ended, or the late
+    delete would remove the new file."""
+    index = FileIndex(100, create_policy("lru", 1))
+    assert index.add_existing(k(1), 100).ok
+    reservation = index.reserve(k(2), 100)
+    assert reservation.victims == [k(1)]
+    index.commit(k(2), True)
+    assert index.clear() == [k(2)]
+    assert not index.is_known(k(2)) and index.used_bytes == 0
+    assert index.is_known(k(1))  # still being deleted
+    index.deleted([k(1)])
+    assert not index.is_known(k(1))
+    assert index.reserve(k(1), 100).ok
+    # The reset left nothing evictable: with chunk 1 still being written there
+    # is no room for another chunk, and the reservation says so.
+    assert index.reserve(k(3), 100) == Reservation(False, [])

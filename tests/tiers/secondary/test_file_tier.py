@@ -224,4 +224,61 @@ def test_store_that_cannot_make_room_evicts_nothing_with_mixed_sizes(
     assert [e for e in tier.take_events() if e.removed] == []
     assert jobs.load([kept], [5]).success
     assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(kept, GROUPS[1])
+
+
+def wait_until_gone(path: Path, timeout_s: float = 10.0) -> None:
+    """Wait for a background delete to remove `path`."""
+    deadline = time.monotonic() + timeout_s
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} was not deleted"
+        time.sleep(0.005)
+
+
+def test_reset_removes_every_file_of_the_fingerprint_only(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: this engine stored chunk 1, another engine sharing the directory
+    chunk 2 (unknown here), and another model chunk 1 in its own directory. A
+    reset empties the fingerprint's directory at once: the other engine's load
+    fails (a miss, never stale bytes), a restarted engine finds nothing, and
+    the old tree is deleted in the background. The other model keeps its chunk;
+    a chunk stored after the reset is a hit."""
+    tier = tier_at(tmp_path, buffer)
+    peer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    peer = tier_at(tmp_path, peer_buffer)
+    other = FileTier(FileTierConfig(str(tmp_path), 1 << 20), buffer, "fp-b")
+    store(tier, buffer, [1])
+    store(peer, peer_buffer, [2])
+    store(other, buffer, [1])
+    tier.take_events()
+    tier.reset_cache()
+    assert [e.keys for e in tier.take_events() if e.removed] == [(key(1),)]
+    assert not [p for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file()]
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert Jobs(peer).load([key(2)], [3]).failed_keys == (key(2),)
+    for aside in tmp_path.glob(f".{FINGERPRINT}.*.deleting"):
+        wait_until_gone(aside)
+    restarted = tier_at(tmp_path, buffer)
+    assert [resolve(restarted, key(i)) for i in (1, 2)] == [LookupResult.MISS] * 2
+    assert resolve(other, key(1)) is LookupResult.HIT
+    assert Jobs(other).load([key(1)], [4]).success
+    store(tier, buffer, [3])
+    assert resolve(tier, key(3)) is LookupResult.HIT
+    for t in (tier, peer, other, restarted):
+        t.shutdown()
+
+
+def test_start_up_deletes_what_an_interrupted_reset_left(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a process died while deleting a reset's old tree: the next start
+    deletes it in the background; another fingerprint's is left to its owner."""
+    mine = tmp_path / f".{FINGERPRINT}.{'a' * 32}.deleting"
+    theirs = tmp_path / f".{FINGERPRINT}.x.{'a' * 32}.deleting"
+    for tree in (mine, theirs):
+        (tree / "abc").mkdir(parents=True)
+        (tree / "abc" / "chunk.kvc").write_bytes(b"old")
+    tier = tier_at(tmp_path, buffer)
+    wait_until_gone(mine)
+    assert theirs.exists()
     tier.shutdown()

@@ -3,6 +3,8 @@ removed events of failed loads."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 
 import pytest
@@ -154,4 +156,70 @@ def test_large_jobs_are_split_into_pipelined_batches(
     assert all(
         bytes(buffer.slot_view(12 + i)) == payload(k, 2048) for i, k in enumerate(ks)
     )
+    tier.shutdown()
+
+
+def test_reset_deletes_its_namespace_only(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: one server holds this engine's namespace (prefix "kv*", so the
+    prefix is matched literally), another engine's chunk in the same namespace,
+    the same model under another prefix, another model, and an unrelated key.
+    A reset deletes the namespace's keys, the other engine's too (it would be
+    served as this engine's), and nothing else: no FLUSHDB."""
+    server = redis.Redis.from_url(redis_url)
+    mine = RedisTier(RedisTierConfig(redis_url, key_prefix="kv*"), buffer, "m")
+    peer = RedisTier(RedisTierConfig(redis_url, key_prefix="kv*"), buffer, "m")
+    other_prefix = RedisTier(RedisTierConfig(redis_url, key_prefix="kvx"), buffer, "m")
+    other_model = RedisTier(RedisTierConfig(redis_url, key_prefix="kv*"), buffer, "m2")
+    stored(mine, buffer, 1)
+    stored(peer, buffer, 2)
+    for tier in (other_prefix, other_model):
+        stored(tier, buffer, 1)
+    server.set("unrelated", b"x")
+    mine.reset_cache()
+    mine.drain()
+    assert server.exists(mine.redis_key(key(1)), mine.redis_key(key(2))) == 0
+    kept = [other_prefix.redis_key(key(1)), other_model.redis_key(key(1))]
+    assert server.exists(*kept, "unrelated") == 3
+    assert resolve(mine, key(1)) is LookupResult.MISS
+    assert Jobs(peer).load([key(2)], [1]).failed_keys == (key(2),)
+    for tier in (mine, peer, other_prefix, other_model):
+        tier.shutdown()
+
+
+def test_reset_while_the_server_is_unresponsive_is_retried(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: the server stops answering (SIGSTOP) as a reset starts: its
+    deletion times out, and until it has succeeded the tier serves nothing of
+    the old namespace, nor stores (drops). Once the server answers again and
+    the backoff is over, the next step retries; the old chunk is gone."""
+    clock = Clock()
+    config = RedisTierConfig(redis_url, timeout_s=0.2, backoff_initial_s=1.0)
+    tier = RedisTier(config, buffer, "m", clock)
+    stored(tier, buffer, 1)
+    admin = redis.Redis.from_url(redis_url)
+    pid = int(admin.info("server")["process_id"])  # type: ignore[index]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        tier.reset_cache()
+        tier.drain()  # the attempt timed out
+        assert not tier.connected
+        assert tier.lookup(key(1), CTX) is LookupResult.MISS
+        buffer.slot_view(0)[: GROUPS[0]] = payload(key(2), GROUPS[0])
+        assert Jobs(tier).store([key(2)], [0]).failed_keys == (key(2),)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert admin.exists(tier.redis_key(key(1))) == 1
+    tier.on_schedule_end()  # within the backoff: no retry yet
+    tier.drain()
+    assert admin.exists(tier.redis_key(key(1))) == 1
+    clock.now += 1.0
+    tier.on_schedule_end()
+    tier.drain()
+    assert admin.exists(tier.redis_key(key(1))) == 0
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    stored(tier, buffer, 3)
+    assert resolve(tier, key(3)) is LookupResult.HIT
     tier.shutdown()

@@ -124,3 +124,30 @@ def test_identity_attributes(make_tier: TierFactory) -> None:
     assert tier.medium in ("cpu", "storage")
     assert tier.locality in ("local", "remote")
     assert tier.max_inflight_chunks >= 1
+
+
+def test_reset_drops_every_chunk_with_removed_events(
+    make_tier: TierFactory, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: two chunks stored, then a reset: both miss at once, are
+    announced as removed, and cannot be loaded; once the tier has finished
+    (drain), a chunk stored after the reset hits and loads as ever."""
+    tier = make_tier()
+    jobs = Jobs(tier)
+    ks = [key(1), key(2, group=1)]
+    fill(buffer, 0, ks[0])
+    fill(buffer, 1, ks[1], group=1)
+    assert jobs.store(ks, [0, 1]).success
+    assert [resolve(tier, k) for k in ks] == [LookupResult.HIT] * 2
+    tier.take_events()
+    tier.reset_cache()
+    assert [resolve(tier, k) for k in ks] == [LookupResult.MISS] * 2
+    tier.drain()
+    removed = {k for e in tier.take_events() if e.removed for k in e.keys}
+    assert removed == set(ks)
+    assert [resolve(tier, k) for k in ks] == [LookupResult.MISS] * 2
+    assert jobs.load(ks, [4, 5]).failed_keys == tuple(ks)
+    fill(buffer, 2, key(3))
+    assert jobs.store([key(3)], [2]).success
+    assert resolve(tier, key(3)) is LookupResult.HIT
+    assert jobs.load([key(3)], [6]).success

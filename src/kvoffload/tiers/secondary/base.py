@@ -181,6 +181,19 @@ class SecondaryTier(ABC):
         or the tier. Used before the primary tier's slots are reused wholesale.
         """
 
+    @abstractmethod
+    def reset_cache(self) -> None:
+        """Drop every chunk this tier could serve, with removed events for them.
+
+        That is its whole namespace (model and layout fingerprint), chunks other
+        engines sharing it wrote included: after an in-place weight update the
+        fingerprint may not change, and any of them would be served as stale
+        KV. Nothing outside the namespace is touched. Called on the scheduler
+        thread with no job in flight (after `drain` and `get_finished_jobs`).
+        Lookups miss from the call on; deleting may go on on the tier's own
+        threads, and stores submitted meanwhile may be dropped (counted).
+        """
+
     def shutdown(self) -> None:
         """Finish running jobs and release threads and connections."""
         self.drain()

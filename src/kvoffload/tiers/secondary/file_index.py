@@ -111,6 +111,17 @@ class FileIndex:
         self._policy.remove(key)
         return True
 
+    def clear(self) -> list[OffloadKey]:
+        """Forget every chunk (the caller removes the files); returns the keys
+        that were readable. No write or pin may be in flight. Keys still being
+        deleted stay so until `deleted`: a late delete must not hit a new file."""
+        assert not self._writing and not self._pins, "clear with I/O in flight"
+        readable = list(self._sizes)
+        self._sizes.clear()
+        self._policy.clear()
+        self.used_bytes = self._evictable_bytes = 0
+        return readable
+
     def deleted(self, keys: Sequence[OffloadKey]) -> None:
         """The files of evicted `keys` are gone; the keys may be written again."""
         self._deleting.difference_update(keys)

@@ -8,6 +8,8 @@ under a temporary name and renamed into place, so a chunk file is either absent 
 complete. Payloads move with direct I/O when their length and host address are
 4 KiB-aligned (see `ChunkFiles`). These functions run on I/O threads and raise
 `OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
+`remove_all` (a reset) renames `<root>/<fingerprint>` aside, to a hidden
+`.<fingerprint>.<id>.deleting`, and deletes that in the background.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import fcntl
 import logging
 import mmap
 import os
+import re
+import shutil
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -39,10 +44,24 @@ logger = logging.getLogger(__name__)
 
 CHUNK_SUFFIX = ".kvc"
 TMP_SUFFIX = ".tmp"
+DELETING_SUFFIX = ".deleting"
+"""A fingerprint directory renamed aside by `remove_all`, being deleted."""
 ALIGN = 4096
 """Payload offset, and the alignment direct I/O needs of lengths and addresses."""
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _delete_trees(paths: Sequence[str]) -> None:
+    """Delete directory trees on a daemon thread: what is left of them when the
+    process ends, `ChunkFiles.remove_leftovers` deletes at the next start."""
+
+    def run() -> None:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
+    if paths:
+        threading.Thread(target=run, name="kvoffload-file-delete", daemon=True).start()
 
 
 class ScannedFile(NamedTuple):
@@ -338,6 +357,45 @@ class ChunkFiles:
             pass
         except OSError as exc:
             logger.warning("cannot delete chunk file %s: %s", self.path(key), exc)
+
+    def remove_all(self) -> None:
+        """Remove every chunk file of the fingerprint, as any process sees it.
+
+        The directory is renamed aside, in one atomic step, and a new empty one
+        takes its place: no file of it can be found, loaded or finished (a
+        write in flight elsewhere fails its rename) afterwards. The old tree is
+        deleted on a background thread, so the caller does not wait for
+        millions of unlinks. Where renaming fails, files are deleted here.
+        """
+        aside = os.path.join(
+            os.path.dirname(self.directory),
+            f".{self.fingerprint}.{uuid.uuid4().hex}{DELETING_SUFFIX}",
+        )
+        try:
+            os.rename(self.directory, aside)
+        except FileNotFoundError:
+            aside = ""  # removed by hand, say: nothing to delete
+        except OSError as exc:
+            logger.warning("cannot rename %s aside: %s", self.directory, exc)
+            for scanned in self.scan():
+                self.delete(scanned.key)
+            return
+        with contextlib.suppress(OSError):  # writes create it too
+            os.makedirs(self.directory, exist_ok=True)
+        if aside:
+            _delete_trees([aside])
+
+    def remove_leftovers(self) -> None:
+        """Delete, in the background, trees `remove_all` left when its process
+        ended before it finished deleting them (this fingerprint's only)."""
+        root = os.path.dirname(self.directory)
+        fingerprint, suffix = re.escape(self.fingerprint), re.escape(DELETING_SUFFIX)
+        name = re.compile(rf"\.{fingerprint}\.[0-9a-f]{{32}}{suffix}")
+        try:
+            entries = os.listdir(root)
+        except OSError:
+            return
+        _delete_trees([os.path.join(root, e) for e in entries if name.fullmatch(e)])
 
     def scan(self, remove_temporary: bool = True) -> Iterator[ScannedFile]:
         """Every chunk file in place; leftover temporary files are removed unless

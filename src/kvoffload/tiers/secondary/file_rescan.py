@@ -46,13 +46,14 @@ class Rescanner:
         self._files = files
         self._executor = executor
         self._interval_s = interval_s
-        self._seen = set(known)  # keys of the previous scan; the pool's only
+        self._seen = set(known)  # keys of the previous scan
         self._lock = threading.Lock()
         self._found: list[ScannedFile] = []
         self._deleted: list[OffloadKey] = []
         self._vanished: list[OffloadKey] = []
         self._scanning = False
         self._due = time.monotonic() + interval_s
+        self._generation = 0  # bumped by `reset`: older scans are void
 
     def poll(self) -> ScanNews:
         """On the scheduler thread: what changed since the last poll; starts a
@@ -70,6 +71,15 @@ class Rescanner:
             self._executor.submit_call("rescan", self._scan)
         return ScanNews(found, deleted, vanished)
 
+    def reset(self) -> None:
+        """The directory was emptied: forget what earlier scans saw and found. A
+        scan still running reports nothing (it may have listed the old files)."""
+        with self._lock:
+            self._generation += 1
+            self._seen = set()
+            self._found.clear()
+            self._vanished.clear()
+
     def delete(self, keys: Sequence[OffloadKey]) -> None:
         """Remove the files of `keys` on the pool; `poll` reports them when gone."""
         self._executor.submit_call("delete", partial(self._delete, tuple(keys)))
@@ -77,23 +87,27 @@ class Rescanner:
     # -- on the I/O pool -----------------------------------------------------------
 
     def _scan(self) -> None:
+        with self._lock:
+            generation, seen = self._generation, self._seen
         new: list[ScannedFile] = []
         gone: list[OffloadKey] = []
+        keys: set[OffloadKey] | None = None
         try:
             found = list(self._files.scan(remove_temporary=False))
-            seen = self._seen
             new = sorted((f for f in found if f.key not in seen), key=lambda f: f.mtime)
             keys = {f.key for f in found}
             # Files this rescanner deleted are reported by `_delete` already;
             # reporting them again is harmless (the index no longer has them).
             gone = [k for k in seen if k not in keys]
-            self._seen = keys
         except OSError as exc:
             logger.warning("rescan of %s failed: %s", self._files.directory, exc)
         finally:
             with self._lock:
-                self._found.extend(new)
-                self._vanished.extend(gone)
+                if generation == self._generation:
+                    self._found.extend(new)
+                    self._vanished.extend(gone)
+                    if keys is not None:
+                        self._seen = keys
                 self._scanning = False
 
     def _delete(self, keys: tuple[OffloadKey, ...]) -> None:

@@ -79,6 +79,7 @@ class FileTier(SecondaryTier):
                 f"expected at least {largest} bytes"
             )
         self._files = ChunkFiles(config.path, fingerprint, config.fsync)
+        self._files.remove_leftovers()
         self._capacity_chunks = config.capacity_bytes // largest
         self._index = FileIndex(
             config.capacity_bytes,
@@ -314,6 +315,16 @@ class FileTier(SecondaryTier):
 
     def drain(self) -> None:
         self._executor.drain()
+
+    def reset_cache(self) -> None:
+        """Forget every chunk and remove the fingerprint's directory at once
+        (`ChunkFiles.remove_all`): files other engines put there go too, and a
+        restarted engine or a rescan finds none of them."""
+        assert not self._jobs, "reset_cache with jobs in flight"
+        self._record_event(self._index.clear(), True)
+        if self._rescan is not None:
+            self._rescan.reset()
+        self._files.remove_all()
 
     def shutdown(self) -> None:
         self._executor.shutdown()

@@ -112,5 +112,10 @@ class MemoryTier(SecondaryTier):
     def drain(self) -> None:
         """Nothing runs in the background."""
 
+    def reset_cache(self) -> None:
+        self._record_event(list(self._chunks), True)
+        self._chunks.clear()
+        self._policy.clear()
+
     def get_stats(self) -> TierStats:
         return replace(self._stats, occupancy=len(self._chunks))

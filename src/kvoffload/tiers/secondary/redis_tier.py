@@ -57,6 +57,7 @@ from kvoffload.tiers.secondary.executor import (
     Task,
 )
 from kvoffload.tiers.secondary.redis_link import REDIS_ERRORS, RedisLink
+from kvoffload.tiers.secondary.redis_namespace import delete_namespace
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,12 @@ class RedisTier(SecondaryTier):
         self._answers_lock = threading.Lock()
         self._answers: list[tuple[list[OffloadKey], list[bool] | None]] = []
         self._stats = TierStats()
+        # A reset empties the namespace on the lookup thread; until that has
+        # succeeded, nothing is served or stored (see `reset_cache`).
+        self._clearing = False
+        self._clear_running = False
+        self._cleared: list[tuple[list[OffloadKey], bool | None]] = []
+        self._stop = threading.Event()
 
     def redis_key(self, key: OffloadKey) -> str:
         """The server-side name of a chunk."""
@@ -122,7 +129,7 @@ class RedisTier(SecondaryTier):
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._absorb_answers()
-        if not self._link.available():
+        if self._clearing or not self._link.available():
             self._stats.lookups += 1
             return LookupResult.MISS
         known = self._known.get(key)
@@ -136,7 +143,7 @@ class RedisTier(SecondaryTier):
         return LookupResult.MISS
 
     def prefetch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        if not self._link.available():
+        if self._clearing or not self._link.available():
             return
         now = self._clock()
         for key in keys:
@@ -160,10 +167,16 @@ class RedisTier(SecondaryTier):
         self._lookups.submit_call("EXISTS batch", partial(self._exists, keys))
 
     def _absorb_answers(self) -> None:
-        if not self._answers:
+        if not self._answers and not self._cleared:
             return
         with self._answers_lock:
             answers, self._answers = self._answers, []
+            cleared, self._cleared = self._cleared, []
+        for removed, done in cleared:
+            self._record_event(removed, True)
+            if done is not None:
+                self._clear_running = False
+                self._clearing = not done
         now = self._clock()
         for keys, present in answers:
             self._asking.difference_update(keys)
@@ -181,7 +194,9 @@ class RedisTier(SecondaryTier):
 
     def on_schedule_end(self) -> None:
         self._absorb_answers()
-        if self._link.available():
+        if self._clearing:
+            self._start_clear()  # again, if the last attempt failed
+        elif self._link.available():
             self._send_lookups()
         else:
             self._to_ask.clear()
@@ -189,7 +204,7 @@ class RedisTier(SecondaryTier):
     # -- jobs --------------------------------------------------------------------
 
     def submit_store(self, job: TierJob) -> None:
-        if not self._link.available():
+        if self._clearing or not self._link.available():
             self._stats.drops += len(job.keys)
             self._refuse(job, True)
             return
@@ -202,7 +217,7 @@ class RedisTier(SecondaryTier):
         self._start(job, True, started, self._store_batch)
 
     def submit_load(self, job: TierJob) -> None:
-        if not self._link.available():
+        if self._clearing or not self._link.available():
             self._stats.failures += len(job.keys)
             self._refuse(job, False)
             return
@@ -348,10 +363,52 @@ class RedisTier(SecondaryTier):
                 logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
         return BatchOutcome(failed, num_bytes, failed)
 
+    # -- reset -------------------------------------------------------------------
+
+    def reset_cache(self) -> None:
+        """Delete every key of this tier's namespace, `<prefix>:<fingerprint>:`:
+        other engines' chunks of the same model too (they would be served as
+        this engine's), never other namespaces (no FLUSHDB on a shared server).
+
+        The scheduler thread only forgets what it knew; the deleting
+        (`delete_namespace`, a round trip per thousand keys) runs on the lookup
+        thread, where later existence checks queue behind it. Until it has
+        succeeded, lookups miss and stores drop (counted); a failed attempt is
+        retried once the server is reachable again.
+        """
+        assert not self._jobs and not self._asking, "reset_cache with I/O in flight"
+        self._known.clear()
+        self._to_ask.clear()
+        self._clearing = True
+        self._start_clear()
+
+    def _start_clear(self) -> None:
+        if self._clear_running or not self._link.available():
+            return
+        self._clear_running = True
+        self._lookups.submit_call("reset", self._clear_namespace)
+
+    def _clear_namespace(self) -> None:
+        """On the lookup thread: delete, then report the outcome."""
+        done = False
+        try:
+            done = delete_namespace(
+                self._link.client, self._prefix, self._stop, self._report_removed
+            )
+            self._link.succeeded()
+        except REDIS_ERRORS as exc:
+            self._link.failed(exc)
+        with self._answers_lock:
+            self._cleared.append(([], done))
+
+    def _report_removed(self, keys: list[OffloadKey]) -> None:
+        with self._answers_lock:
+            self._cleared.append((keys, None))
+
     # -- lifecycle ---------------------------------------------------------------
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs or self._asking or self._to_ask)
+        return bool(self._jobs or self._asking or self._to_ask or self._clear_running)
 
     def drain(self) -> None:
         self._executor.drain()
@@ -359,6 +416,7 @@ class RedisTier(SecondaryTier):
         self._absorb_answers()
 
     def shutdown(self) -> None:
+        self._stop.set()  # a reset still deleting stops between batches
         self._executor.shutdown()
         self._lookups.shutdown()
         self._link.close()
