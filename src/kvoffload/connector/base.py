@@ -64,8 +64,9 @@ class ScheduledRequest:
 
     `num_computed_tokens` is counted before the step; the step computes
     `num_scheduled_tokens` more. `new_block_ids[g]` are the engine blocks of group
-    `g` appended this step; with `replace_block_ids` they are the whole block
-    table (a request resumed after preemption).
+    `g` appended this step, freshly allocated; with `replace_block_ids` they are
+    the whole block table (a request resumed after preemption), fresh past the
+    engine's prefix-cache hits in the first `num_computed_tokens`.
     """
 
     request_id: str

@@ -7,13 +7,17 @@ its parsed parameters and its offload policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
 from kvoffload.connector.base import RequestInfo
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.keys import GROUP_INDEX_BYTES, OffloadKey
 from kvoffload.tiers.base import OffloadPolicy, ReqContext
+
+REUSED_BLOCK = -1
+"""A table entry whose engine block was handed to another request before its chunk
+was stored: the block holds someone else's KV now, so the chunk is never stored."""
 
 
 @dataclass
@@ -43,6 +47,16 @@ class GroupState:
     def chunk_blocks(self, chunk: int) -> list[int]:
         b = self.blocks_per_chunk
         return self.block_ids[chunk * b : (chunk + 1) * b]
+
+    def forget_reused(self, reused: Set[int], end_chunk: int) -> None:
+        """Mark entries of chunks not yet stored (before `end_chunk`) whose block is
+        in `reused` (the engine allocated it afresh, e.g. after freeing it outside
+        a sliding window)."""
+        b = self.blocks_per_chunk
+        ids = self.block_ids
+        for i in range(self.store_cursor * b, min(len(ids), end_chunk * b)):
+            if ids[i] in reused:
+                ids[i] = REUSED_BLOCK
 
 
 @dataclass

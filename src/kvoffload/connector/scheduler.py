@@ -11,7 +11,10 @@ every step it is scheduled; `request_finished` once. Job results come back throu
 Engine blocks are fenced, not held: a finished or preempted request's blocks go
 back to the engine at once, and when the engine hands a block that a store job is
 still reading to another request, the step plan's `wait_for` names that job, so
-the worker finishes it before anything writes the block.
+the worker finishes it before anything writes the block. A block the engine
+allocates afresh also voids every entry naming it in the tables of requests whose
+chunks are not stored yet (vLLM frees a running request's blocks that leave a
+sliding window): those chunks are skipped, never stored from someone else's KV.
 """
 
 from __future__ import annotations
@@ -83,6 +86,10 @@ class OffloadConnector:
         self._request_of: dict[int, str] = {}
         # (group, engine block) -> store jobs in flight that read it.
         self._readers: dict[tuple[int, int], set[int]] = {}
+        # Engine blocks allocated afresh since the last step plan, and the requests
+        # whose whole table came with this step's allocation (nothing stale in it).
+        self._allocated: set[int] = set()
+        self._new_tables: set[str] = set()
         self._finished_loading: list[str] = []
         self._failed_loading: list[str] = []
         self._stats = ConnectorStats()
@@ -119,11 +126,17 @@ class OffloadConnector:
         num_computed_tokens: int,
         num_external_tokens: int,
     ) -> None:
-        """The engine allocated the request's blocks; plan the load of its hit."""
+        """The engine allocated the request's blocks; plan the load of its hit.
+
+        `block_ids` is the whole table; blocks past the engine's prefix-cache hit
+        (`num_computed_tokens`) are freshly allocated.
+        """
         state = self._requests[request_id]
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
         self._fence(block_ids)
+        self._note_allocated(block_ids, num_computed_tokens)
+        self._new_tables.add(request_id)
         hit = num_computed_tokens + num_external_tokens
         if not state.cursors_started:
             state.cursors_started = True
@@ -207,10 +220,45 @@ class OffloadConnector:
                 if jobs:
                     self._wait_for.update(jobs)
 
+    def _note_allocated(self, tables: Sequence[Sequence[int]], hit_tokens: int) -> None:
+        """Blocks past the first `hit_tokens` of a table are allocated afresh (the
+        engine's prefix-cache hits before them keep their KV).
+
+        Block ids name engine memory whatever the group: vLLM's groups share one
+        block pool over the same bytes, so a block freed from one group's table
+        may come back in another's.
+        """
+        null = self.config.null_block_id
+        for spec, ids in zip(self.config.groups, tables, strict=True):
+            fresh = ids[hit_tokens // spec.tokens_per_block :]
+            self._allocated.update(b for b in fresh if b != null)
+
+    def _forget_reused(self) -> None:
+        """Void the entries naming this step's fresh blocks in unstored chunks."""
+        reused, self._allocated = self._allocated, set()
+        new_tables, self._new_tables = self._new_tables, set()
+        if not reused:
+            return
+        for req_id, state in self._requests.items():
+            if state.finished or req_id in new_tables:
+                continue
+            for group in state.groups:
+                covered = len(group.block_ids) * group.tokens_per_block
+                end = self._offloadable(state, covered) // group.tokens_per_chunk
+                group.forget_reused(reused, end)
+
     # -- per step ----------------------------------------------------------------
 
     def build_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """Plan this step's stores; hand out the loads planned since the last step."""
+        for item in scheduled:
+            hit = item.num_computed_tokens if item.replace_block_ids else 0
+            if item.new_block_ids:
+                self._note_allocated(item.new_block_ids, hit)
+        # Before any table grows by this step's blocks, and before any store is
+        # planned: a block given to a request late in `scheduled` voids entries
+        # of one early in it.
+        self._forget_reused()
         stores: list[TransferJob] = []
         for item in scheduled:
             state = self._requests.get(item.request_id)
@@ -246,15 +294,20 @@ class OffloadConnector:
             else:
                 group.block_ids.extend(ids)
 
-    def _plan_store(
-        self, state: RequestState, computed_tokens: int
-    ) -> TransferJob | None:
+    def _offloadable(self, state: RequestState, computed_tokens: int) -> int:
+        """Of the request's first `computed_tokens`, those its stores may cover."""
         offloadable = computed_tokens
         if self.config.offload_prompt_only:
             offloadable = min(offloadable, state.request.num_prompt_tokens)
         cap = state.ctx.params.max_offload_tokens
         if cap is not None:
             offloadable = min(offloadable, cap)
+        return offloadable
+
+    def _plan_store(
+        self, state: RequestState, computed_tokens: int
+    ) -> TransferJob | None:
+        offloadable = self._offloadable(state, computed_tokens)
         state.refresh_keys()
         chunks = chunks_to_store(state, offloadable, self.config.null_block_id)
         if not chunks:

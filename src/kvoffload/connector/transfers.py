@@ -8,7 +8,7 @@ the last prompt token itself).
 
 from __future__ import annotations
 
-from kvoffload.connector.request_state import GroupState, RequestState
+from kvoffload.connector.request_state import REUSED_BLOCK, GroupState, RequestState
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import OffloadingManager, PrepareStoreOutput
 from kvoffload.worker.base import GroupTransfer
@@ -81,15 +81,17 @@ def chunks_to_store(
 ) -> list[tuple[GroupState, int]]:
     """(group, chunk index) of the whole chunks past each cursor within the limit.
 
-    A chunk with a block equal to `null_block` holds no data any more (it left a
-    sliding window before it could be stored): it is skipped, not stored.
+    A chunk with a block equal to `null_block` or `REUSED_BLOCK` holds no data of
+    the request any more (it left a sliding window before it could be stored, and
+    maybe went to another request): it is skipped, not stored.
     """
+    gone = {REUSED_BLOCK} if null_block is None else {REUSED_BLOCK, null_block}
     out: list[tuple[GroupState, int]] = []
     for group in state.groups:
         limit = min(offloadable_tokens // group.tokens_per_chunk, len(group.keys))
         limit = min(limit, len(group.block_ids) // group.blocks_per_chunk)
         for c in range(group.store_cursor, limit):
-            if null_block is None or null_block not in group.chunk_blocks(c):
+            if gone.isdisjoint(group.chunk_blocks(c)):
                 out.append((group, c))
     return out
 

@@ -1,0 +1,133 @@
+"""Engine blocks the engine hands to another request while the connector names them.
+
+vLLM frees a running request's sliding-window blocks once they leave the window
+(its own table then shows the null block 0; the connector is not told) and may
+allocate them to any request, in any group: the groups share one block pool over
+the same bytes. A chunk whose store was put off must then never be stored from
+such a block, and a store still reading one must finish before it is rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+    StepPlan,
+)
+from kvoffload.engine_model import SimRequest
+from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
+from kvoffload.worker.base import JobResult
+
+from .conftest import RecordingManager
+
+HASHER = BlockHasher(4)
+
+
+def _request(connector: OffloadConnector, req_id: str, tokens: list[int]) -> SimRequest:
+    req = SimRequest(req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4)
+    connector.on_new_request(req)
+    assert connector.get_num_new_matched_tokens(req, 0) == 0
+    return req
+
+
+def _reads(plan: StepPlan, req_id: str, group: int) -> list[int]:
+    """The engine blocks of `group` that `req_id`'s stores in `plan` read."""
+    return [
+        block
+        for job in plan.stores
+        if plan.request_of[job.job_id] == req_id
+        for transfer in job.groups
+        if transfer.group == group
+        for block in transfer.engine_blocks
+    ]
+
+
+@dataclass
+class PutOff:
+    """A's chunk 0 (engine block 3 in group 0, block 5 in group 1, a sliding
+    window) was computed in step 1 but found no host room: X's stores filled every
+    slot. X's stores land; A has left block 5 behind its window (vLLM freed it)."""
+
+    manager: RecordingManager
+    connector: OffloadConnector
+    a: SimRequest
+
+    @classmethod
+    def create(cls) -> PutOff:
+        manager = RecordingManager(8)
+        groups = (GroupSpec(4, 1), GroupSpec(4, 1))
+        connector = OffloadConnector(ConnectorConfig(groups, null_block_id=0), manager)
+        _request(connector, "X", list(range(100, 117)))
+        a = _request(connector, "A", list(range(9)))
+        connector.update_state_after_alloc(
+            "X", [[11, 12, 13, 14], [15, 16, 17, 18]], 0, 0
+        )
+        connector.update_state_after_alloc("A", [[3], [5]], 0, 0)
+        step1 = connector.build_step(
+            [ScheduledRequest("X", 0, 16), ScheduledRequest("A", 0, 4)]
+        )
+        assert _reads(step1, "A", 1) == []  # put off: no room
+        connector.on_job_results([JobResult(j.job_id, True) for j in step1.stores])
+        return cls(manager, connector, a)
+
+    def a_step(self) -> ScheduledRequest:
+        """A computes its chunk 1 (engine blocks 4 and 6)."""
+        return ScheduledRequest("A", 4, 4, ((4,), (6,)))
+
+    def a_chunk0(self) -> OffloadKey:
+        return chunk_keys(list(self.a.block_hashes), 1, 1)[0]
+
+
+@pytest.mark.parametrize("a_first", [False, True], ids=["B-first", "A-first"])
+@pytest.mark.parametrize("b_group", [0, 1], ids=["same-group", "full-group"])
+@pytest.mark.parametrize("how", ["new", "running", "alloc-only", "A-waits"])
+def test_a_put_off_chunk_is_never_stored_from_a_block_given_to_another_request(
+    a_first: bool, b_group: int, how: str
+) -> None:
+    """Scenario: in step 2 the engine gives A's freed block 5 to B, in either
+    group: B is new (`new`), running and growing its table (`running`), or only
+    allocated, not scheduled, as while its prefix loads (`alloc-only`). A's chunk 0
+    is offered again in step 2 (`A-waits`: in step 3): it must be skipped, not
+    copied from B's KV under A's key."""
+    s = PutOff.create()
+    c = s.connector
+    table = [(7,), (8,)]
+    table[b_group] = (5,)
+    _request(c, "B", list(range(50, 59)))
+    b_step: list[ScheduledRequest] = []
+    if how == "running":
+        c.update_state_after_alloc("B", [[9], [10]], 0, 0)
+        plan = c.build_step([ScheduledRequest("B", 0, 4, ((9,), (10,)), True)])
+        c.on_job_results([JobResult(j.job_id, True) for j in plan.stores])
+        b_step = [ScheduledRequest("B", 4, 4, tuple(table))]
+    else:
+        c.update_state_after_alloc("B", table, 0, 0)
+        if how != "alloc-only":
+            b_step = [ScheduledRequest("B", 0, 4, tuple(table), True)]
+    a_step = [s.a_step()] if how != "A-waits" else []
+    plans = [c.build_step(a_step + b_step if a_first else b_step + a_step)]
+    if how == "A-waits":
+        plans.append(c.build_step([s.a_step()]))
+    assert [block for plan in plans for block in _reads(plan, "A", 1)] == [6]
+    assert s.a_chunk0() not in s.manager.offered["A"]
+
+
+@pytest.mark.parametrize("hit", [False, True], ids=["free", "hit"])
+def test_a_put_off_chunk_is_stored_while_its_block_holds_its_kv(hit: bool) -> None:
+    """Scenario: A's block 5 stays free, or B takes it as an engine prefix-cache
+    hit (B shares A's first 4 tokens; the block keeps A's KV): A's chunk 0 is
+    stored from it in step 2."""
+    s = PutOff.create()
+    c = s.connector
+    _request(c, "B", list(range(4)) + list(range(60, 65)))
+    table = [[3, 7], [5, 8]] if hit else [[7], [8]]
+    c.update_state_after_alloc("B", table, 4 if hit else 0, 0)
+    step2 = c.build_step([s.a_step()])
+    assert _reads(step2, "A", 1) == [5, 6]
+    assert s.a_chunk0() in s.manager.offered["A"]
