@@ -131,3 +131,17 @@ def test_a_put_off_chunk_is_stored_while_its_block_holds_its_kv(hit: bool) -> No
     step2 = c.build_step([s.a_step()])
     assert _reads(step2, "A", 1) == [5, 6]
     assert s.a_chunk0() in s.manager.offered["A"]
+
+
+def test_a_block_read_by_a_store_waits_for_it_in_whichever_group_it_returns() -> None:
+    """Scenario: A's store reads block 7 of its sliding-window group; the engine
+    frees it and hands it to B's full-attention group: B's step waits for it."""
+    groups = (GroupSpec(4, 1), GroupSpec(4, 1))
+    c = OffloadConnector(ConnectorConfig(groups, null_block_id=0), RecordingManager(8))
+    _request(c, "A", list(range(5)))
+    c.update_state_after_alloc("A", [[3], [7]], 0, 0)
+    (store,) = c.build_step([ScheduledRequest("A", 0, 4)]).stores
+    c.request_finished("A")
+    _request(c, "B", list(range(50, 55)))
+    c.update_state_after_alloc("B", [[7], [9]], 0, 0)
+    assert c.build_step([ScheduledRequest("B", 0, 4)]).wait_for == (store.job_id,)

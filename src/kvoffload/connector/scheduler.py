@@ -10,11 +10,12 @@ every step it is scheduled; `request_finished` once. Job results come back throu
 
 Engine blocks are fenced, not held: a finished or preempted request's blocks go
 back to the engine at once, and when the engine hands a block that a store job is
-still reading to another request, the step plan's `wait_for` names that job, so
-the worker finishes it before anything writes the block. A block the engine
-allocates afresh also voids every entry naming it in the tables of requests whose
-chunks are not stored yet (vLLM frees a running request's blocks that leave a
-sliding window): those chunks are skipped, never stored from someone else's KV.
+still reading to another request (in any group), the step plan's `wait_for`
+names that job, so the worker finishes it before anything writes the block. A
+block the engine allocates afresh also voids every entry naming it in the tables
+of requests whose chunks are not stored yet (vLLM frees a running request's
+blocks that leave a sliding window): those chunks are skipped, never stored from
+someone else's KV.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class OffloadConnector:
         self._pending_loads: list[TransferJob] = []
         self._wait_for: set[int] = set()
         self._request_of: dict[int, str] = {}
-        # (group, engine block) -> store jobs in flight that read it.
-        self._readers: dict[tuple[int, int], set[int]] = {}
+        # Engine block -> store jobs in flight that read it (in any group: vLLM's
+        # groups share one block pool over the same bytes).
+        self._readers: dict[int, set[int]] = {}
         # Engine blocks allocated afresh since the last step plan, and the requests
         # whose whole table came with this step's allocation (nothing stale in it).
         self._allocated: set[int] = set()
@@ -214,9 +216,9 @@ class OffloadConnector:
         readers = self._readers
         if not readers:
             return
-        for group, ids in enumerate(tables):
+        for ids in tables:
             for block in ids:
-                jobs = readers.get((group, block))
+                jobs = readers.get(block)
                 if jobs:
                     self._wait_for.update(jobs)
 
@@ -343,9 +345,7 @@ class OffloadConnector:
         transfers = store_transfers(chunks, prepared)
         for transfer in transfers:
             for block in transfer.engine_blocks:
-                self._readers.setdefault((transfer.group, block), set()).add(
-                    record.job_id
-                )
+                self._readers.setdefault(block, set()).add(record.job_id)
         record.engine_blocks = transfers
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
 
@@ -446,11 +446,11 @@ class OffloadConnector:
     def _unfence(self, record: JobRecord) -> None:
         for transfer in record.engine_blocks:
             for block in transfer.engine_blocks:
-                jobs = self._readers.get((transfer.group, block))
+                jobs = self._readers.get(block)
                 if jobs is not None:
                     jobs.discard(record.job_id)
                     if not jobs:
-                        del self._readers[(transfer.group, block)]
+                        del self._readers[block]
 
     def take_load_results(self) -> tuple[list[str], list[str]]:
         """Requests whose load finished since the last call: (succeeded, failed).
