@@ -85,7 +85,7 @@ class PutOff:
 
 
 @pytest.mark.parametrize("a_first", [False, True], ids=["B-first", "A-first"])
-@pytest.mark.parametrize("b_group", [0, 1], ids=["same-group", "full-group"])
+@pytest.mark.parametrize("b_group", [1, 0], ids=["same-group", "full-group"])
 @pytest.mark.parametrize("how", ["new", "running", "alloc-only", "A-waits"])
 def test_a_put_off_chunk_is_never_stored_from_a_block_given_to_another_request(
     a_first: bool, b_group: int, how: str
