@@ -28,6 +28,14 @@ def file_tier(path: Path) -> dict[str, Any]:
     }
 
 
+def push_out_of_host_memory(engine: Any) -> None:
+    """Other prompts fill host memory (16 slots) until W's chunks are evicted
+    from it; the file tier keeps them all."""
+    for i in range(1, 5):
+        engine.compute(request(f"filler-{i}", [1000 * i + t for t in PROMPT]))
+        engine.idle()
+
+
 @pytest.mark.parametrize("prefix_caching", [True, False], ids=["cache-on", "cache-off"])
 def test_a_request_waits_for_another_requests_load_only_with_prefix_caching(
     prefix_caching: bool,
@@ -58,13 +66,14 @@ def test_cascades_land_while_the_engine_is_idle(tmp_path: Path) -> None:
 
 
 def test_a_promotion_lands_while_the_engine_is_idle(tmp_path: Path) -> None:
-    """Scenario: W's prefix is only in the file tier (host memory was reset); R's
-    lookup starts its promotion, and R is aborted before it lands. The connector
-    keeps vLLM stepping until the promotion has landed in host memory."""
+    """Scenario: W's prefix is only in the file tier (other prompts pushed it out
+    of host memory); R's lookup starts its promotion, and R is aborted before it
+    lands. The connector keeps vLLM stepping until the promotion has landed in
+    host memory."""
     with stand_in(file_tier(tmp_path)) as engine:
         engine.compute(request("w", PROMPT))
         engine.idle()
-        engine.connector.reset_cache()
+        push_out_of_host_memory(engine)
         r = request("r", PROMPT)
         assert engine.lookup(r) is None  # promoting
         engine.connector.request_finished(r, [])
@@ -75,14 +84,14 @@ def test_a_promotion_lands_while_the_engine_is_idle(tmp_path: Path) -> None:
 
 
 def test_stats_give_each_tier_its_hit_tokens_and_transfer_time(tmp_path: Path) -> None:
-    """Scenario: W's prefix reaches the file tier and leaves host memory (reset);
-    A's lookup promotes it and A loads it; B then loads it from host memory. The
-    file tier is credited with A's tokens, host memory with B's, and the file
-    tier reports the time its copies took."""
+    """Scenario: W's prefix reaches the file tier and leaves host memory (other
+    prompts push it out); A's lookup promotes it and A loads it; B then loads it
+    from host memory. The file tier is credited with A's tokens, host memory with
+    B's, and the file tier reports the time its copies took."""
     with stand_in(file_tier(tmp_path)) as engine:
         engine.compute(request("w", PROMPT))
         engine.idle()
-        engine.connector.reset_cache()
+        push_out_of_host_memory(engine)
         for name in ("a", "b"):
             req = request(name, PROMPT)
             if engine.lookup(req) is None:  # A: promoting from the file tier
