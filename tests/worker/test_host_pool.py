@@ -97,6 +97,23 @@ def test_attacher_sees_chunks_the_worker_stored(name: str) -> None:
     assert bytes.fromhex(out) == expected
 
 
+def test_attacher_reads_the_kv_layout_the_worker_registered(name: str) -> None:
+    """The scheduler, which names chunks, learns from the pool how the worker's
+    KV bytes are arranged: the fingerprint of the tensors' layout."""
+    caches = make_caches(LAYOUTS[3], torch.float16, torch.device("cpu"), GROUPS[:1])
+    spec = GroupSpec(0, GROUPS[0].layers, GROUPS[0].num_blocks, 2)
+    layout, pool, worker = create_data_plane(caches, [spec], 1 << 20, pool_name=name)
+    try:
+        with HostPool.attach(name) as attached:
+            assert attached.layout == layout.fingerprint
+            assert layout.fingerprint == describe_kv_caches(caches, [spec]).fingerprint
+    finally:
+        worker.shutdown()
+        pool.close()
+    with pytest.raises(ValueError, match="layout"):
+        HostPool.create(GEOMETRY, 1, layout="x" * 33)
+
+
 def test_attach_rejects_a_different_geometry_or_slot_count(name: str) -> None:
     other = PoolGeometry.of([GroupGeometry(0, 2, 1024, 4)])
     with HostPool.create(GEOMETRY, 3, name=name):

@@ -46,6 +46,50 @@ def test_fingerprint_follows_chunk_format_not_block_count() -> None:
     assert len({a.fingerprint, c.fingerprint, d.fingerprint}) == 3
 
 
+def test_fingerprint_tells_apart_how_the_bytes_are_arranged() -> None:
+    """vLLM's backends' layouts (FlashAttention K/V-major, FlashInfer/Triton
+    block-major, each NHD or HND; the CPU backend) hold the same values in a
+    different order in a chunk, so no two share a fingerprint; a fresh engine
+    with the same layout has the same one, whatever its block count."""
+    nb, bs, h, d = 12, 4, HEADS, HEAD_DIM
+
+    def hnd(physical: tuple[int, ...], swap: tuple[int, int]) -> torch.Tensor:
+        order = list(range(len(physical)))
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+        return torch.zeros(physical, dtype=torch.float16).permute(order)
+
+    def layouts(nb: int) -> dict[str, torch.Tensor]:
+        return {
+            "flash_attn": torch.zeros(2, nb, bs, h, d, dtype=torch.float16),
+            "flash_attn/HND": hnd((2, nb, h, bs, d), (2, 3)),
+            "flashinfer": torch.zeros(nb, 2, bs, h, d, dtype=torch.float16),
+            "flashinfer/HND": hnd((nb, 2, h, bs, d), (2, 3)),
+            "cpu": torch.zeros(nb, h, bs, 2 * d, dtype=torch.float16),
+        }
+
+    def fingerprint(tensor: torch.Tensor, nb: int) -> str:
+        caches = dict.fromkeys(GROUPS[0].layers, tensor)
+        return describe_kv_caches(caches, [_spec(0, nb, 2)]).fingerprint
+
+    found = {name: fingerprint(t, nb) for name, t in layouts(nb).items()}
+    assert len(set(found.values())) == len(found), found
+    again = {name: fingerprint(t, 2 * nb) for name, t in layouts(2 * nb).items()}
+    assert again == found
+
+
+def test_padding_between_blocks_does_not_change_the_fingerprint() -> None:
+    """Padding is not copied: a padded layout's chunks equal the dense one's."""
+    caches = {
+        layout.name: make_caches(layout, torch.float16, CPU) for layout in LAYOUTS
+    }
+    padded, dense = caches["padded pages"], caches["[blocks,2,tokens,heads*dim]"]
+    specs = [_spec(0, 12, 2)]
+    assert (
+        describe_kv_caches(padded, specs).fingerprint
+        == describe_kv_caches(dense, specs).fingerprint
+    )
+
+
 def test_explicit_block_dim_registers_a_cross_layer_tensor() -> None:
     """One tensor [layers, 2, blocks, ...] for all layers, given block_dim=2."""
     kv = {"all": torch.zeros(3, 2, 7, 4, 16)}

@@ -50,7 +50,13 @@ def create_data_plane(
     the worker. With `pool_name` the pool is shared memory others can attach to."""
     layout = describe_kv_caches(kv_caches, groups)
     num_slots = layout.geometry.num_slots_for(cpu_bytes_to_use)
-    pool = HostPool.create(layout.geometry, num_slots, name=pool_name, shm_dir=shm_dir)
+    pool = HostPool.create(
+        layout.geometry,
+        num_slots,
+        name=pool_name,
+        shm_dir=shm_dir,
+        layout=layout.fingerprint,
+    )
     try:
         worker = create_transfer_worker(
             kv_caches, layout, pool, copy_threads=copy_threads

@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHM_DIR = "/dev/shm"
 _HEADER_NBYTES = 4096  # one page, so that the slots start page-aligned
 _MAGIC = b"KVOPOOL\x00"
-_VERSION = 1
-_HEAD = struct.Struct("<8sIIQQ")  # magic, version, groups, slots, slot bytes
+_VERSION = 2
+# magic, version, groups, slots, slot bytes, KV layout (`KVLayout.fingerprint`)
+_LAYOUT_NBYTES = 32
+_HEAD = struct.Struct(f"<8sIIQQ{_LAYOUT_NBYTES}s")
 _GROUP = struct.Struct("<QQQQ")  # group, layers, layer block bytes, blocks per chunk
 _MAX_GROUPS = (_HEADER_NBYTES - _HEAD.size) // _GROUP.size
 
@@ -49,8 +51,10 @@ class HostPool(OneViewPerChunk):
         mapping: mmap.mmap,
         path: Path | None,
         owner: bool,
+        layout: str = "",
     ) -> None:
         self._geometry = geometry
+        self._layout = layout
         self._num_slots = num_slots
         self._slot_nbytes = geometry.slot_nbytes
         self._mmap = mapping
@@ -76,18 +80,25 @@ class HostPool(OneViewPerChunk):
         name: str | None = None,
         shm_dir: str = DEFAULT_SHM_DIR,
         exist_ok: bool = False,
+        layout: str = "",
     ) -> HostPool:
         """A new pool, anonymous or (with `name`) in the file `shm_dir/name`.
 
         The file's space is reserved up front, so a full `/dev/shm` is an
         `OSError` here rather than a crash at the first write. With `exist_ok`,
-        a file left by an earlier run is replaced.
+        a file left by an earlier run is replaced. `layout` (at most 32 ASCII
+        characters) names how the engine's KV bytes are arranged, for the
+        process that attaches: it names the chunks, the worker sees the tensors.
         """
         if type(num_slots) is not int or num_slots < 1:
             raise ValueError(f"num_slots: {num_slots!r} is not an integer >= 1")
+        if not (layout.isascii() and len(layout) <= _LAYOUT_NBYTES):
+            raise ValueError(
+                f"layout: {layout!r} is not at most {_LAYOUT_NBYTES} ASCII characters"
+            )
         nbytes = num_slots * geometry.slot_nbytes
         if name is None:
-            return cls(geometry, num_slots, mmap.mmap(-1, nbytes), None, owner=True)
+            return cls(geometry, num_slots, mmap.mmap(-1, nbytes), None, True, layout)
         if len(geometry.groups) > _MAX_GROUPS:
             raise ValueError(f"a named pool holds at most {_MAX_GROUPS} groups")
         path = _shm_path(name, shm_dir)
@@ -97,7 +108,7 @@ class HostPool(OneViewPerChunk):
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, _HEADER_NBYTES + nbytes)
-            os.pwrite(fd, _encode_header(geometry, num_slots), 0)
+            os.pwrite(fd, _encode_header(geometry, num_slots, layout), 0)
             mapping = mmap.mmap(fd, _HEADER_NBYTES + nbytes)
             os.rename(tmp, path)  # attachers see a complete file or none
         except BaseException:
@@ -105,7 +116,7 @@ class HostPool(OneViewPerChunk):
             raise
         finally:
             os.close(fd)
-        return cls(geometry, num_slots, mapping, path, owner=True)
+        return cls(geometry, num_slots, mapping, path, True, layout)
 
     @classmethod
     def attach(
@@ -122,7 +133,9 @@ class HostPool(OneViewPerChunk):
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            found, found_slots = _decode_header(os.pread(fd, _HEADER_NBYTES, 0), path)
+            found, found_slots, layout = _decode_header(
+                os.pread(fd, _HEADER_NBYTES, 0), path
+            )
             expected_size = _HEADER_NBYTES + found_slots * found.slot_nbytes
             if size != expected_size:
                 raise ValueError(
@@ -141,11 +154,16 @@ class HostPool(OneViewPerChunk):
             mapping = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        return cls(found, found_slots, mapping, path, owner=False)
+        return cls(found, found_slots, mapping, path, False, layout)
 
     @property
     def geometry(self) -> PoolGeometry:
         return self._geometry
+
+    @property
+    def layout(self) -> str:
+        """How the engine's KV bytes in a chunk are arranged, as its creator said."""
+        return self._layout
 
     @property
     def num_slots(self) -> int:
@@ -217,9 +235,14 @@ def _unlink_quietly(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _encode_header(geometry: PoolGeometry, num_slots: int) -> bytes:
+def _encode_header(geometry: PoolGeometry, num_slots: int, layout: str) -> bytes:
     head = _HEAD.pack(
-        _MAGIC, _VERSION, len(geometry.groups), num_slots, geometry.slot_nbytes
+        _MAGIC,
+        _VERSION,
+        len(geometry.groups),
+        num_slots,
+        geometry.slot_nbytes,
+        layout.encode("ascii"),
     )
     groups = b"".join(
         _GROUP.pack(g.group, g.num_layers, g.layer_block_nbytes, g.blocks_per_chunk)
@@ -228,10 +251,10 @@ def _encode_header(geometry: PoolGeometry, num_slots: int) -> bytes:
     return head + groups
 
 
-def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int]:
+def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int, str]:
     if len(data) < _HEAD.size:
         raise ValueError(f"host pool {str(path)!r}: file is shorter than its header")
-    magic, version, num_groups, num_slots, slot_nbytes = _HEAD.unpack_from(data)
+    magic, version, num_groups, num_slots, slot_nbytes, layout = _HEAD.unpack_from(data)
     if magic != _MAGIC or version != _VERSION:
         raise ValueError(
             f"host pool {str(path)!r}: not a kvoffload host pool of version {_VERSION}"
@@ -247,4 +270,7 @@ def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int]:
     geometry = PoolGeometry(tuple(groups))
     if geometry.slot_nbytes != slot_nbytes:
         raise ValueError(f"host pool {str(path)!r}: corrupt header (slot size)")
-    return geometry, num_slots
+    try:
+        return geometry, num_slots, layout.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"host pool {str(path)!r}: corrupt header (layout)") from None

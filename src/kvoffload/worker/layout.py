@@ -76,6 +76,8 @@ class GroupLayout:
 
     In a chunk, region `r` holds `blocks_per_chunk` consecutive runs starting at
     `chunk_offsets[r]`, so a partial chunk is a prefix of each region's part.
+    `arrangements` describes each layer tensor's dimensions in memory order
+    (`_arrangement`), in the order of `regions`: what the bytes of a run mean.
     """
 
     group: int
@@ -83,6 +85,7 @@ class GroupLayout:
     blocks_per_chunk: int
     num_layers: int
     regions: tuple[BlockRegion, ...]
+    arrangements: tuple[str, ...] = ()
 
     @property
     def block_nbytes(self) -> int:
@@ -122,10 +125,16 @@ class KVLayout:
 
     @property
     def fingerprint(self) -> str:
-        """Hex digest of what a chunk's bytes mean; equal layouts share chunks."""
+        """Hex digest of what a chunk's bytes mean; equal layouts share chunks.
+
+        Deterministic for the same engine across restarts: no addresses, and no
+        engine block count (which follows the memory given to the engine).
+        """
         parts = [
             f"{g.group}:{g.blocks_per_chunk}:"
             + ",".join(f"{r.dtype}/{r.block_nbytes}" for r in g.regions)
+            + ":"
+            + ",".join(g.arrangements)
             for g in self.groups
         ]
         return hashlib.sha256(";".join(parts).encode()).hexdigest()[:32]
@@ -168,6 +177,7 @@ def describe_kv_caches(kv_caches: KVCaches, groups: Sequence[GroupSpec]) -> KVLa
 
 def _group_layout(kv_caches: KVCaches, spec: GroupSpec) -> GroupLayout:
     regions: list[BlockRegion] = []
+    arrangements: list[str] = []
     layer_nbytes: dict[str, int] = {}
     for layer in spec.layer_names:
         if layer not in kv_caches:
@@ -179,6 +189,8 @@ def _group_layout(kv_caches: KVCaches, spec: GroupSpec) -> GroupLayout:
             for region in _regions_of(layer, part, len(tensors), tensor, spec)
         ]
         layer_nbytes[layer] = sum(r.block_nbytes for r in layer_regions)
+        # After `_regions_of`, which names a tensor it cannot handle.
+        arrangements += (_arrangement(t, spec) for t in tensors)
         regions += layer_regions
     if len(set(layer_nbytes.values())) != 1:
         raise ValueError(
@@ -191,7 +203,30 @@ def _group_layout(kv_caches: KVCaches, spec: GroupSpec) -> GroupLayout:
         spec.blocks_per_chunk,
         len(spec.layer_names),
         tuple(regions),
+        tuple(arrangements),
     )
+
+
+def _arrangement(tensor: torch.Tensor, spec: GroupSpec) -> str:
+    """The tensor's dtype and its dimensions from outermost to innermost in
+    memory, each as `index:size` (`index:B` for the engine block dimension).
+
+    Regions alone do not tell K/V-major from block-major (`[2, nb, ...]` vs
+    `[nb, 2, ...]`) or tokens before heads from heads before tokens (NHD vs HND),
+    yet a chunk's bytes differ between them.
+    """
+    block_dim = _block_dim(tuple(tensor.shape), spec, "")
+    dims = sorted(
+        (
+            (-stride, i, "B" if i == block_dim else str(size))
+            for i, (size, stride) in enumerate(
+                zip(tensor.shape, tensor.stride(), strict=True)
+            )
+            if size > 1 or i == block_dim
+        ),
+    )
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    return f"{dtype}[" + " ".join(f"{i}:{size}" for _, i, size in dims) + "]"
 
 
 def layer_tensors(kv_caches: KVCaches, layer: str) -> tuple[torch.Tensor, ...]:

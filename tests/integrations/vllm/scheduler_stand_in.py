@@ -22,7 +22,9 @@ from kvoffload.integrations.vllm.messages import (
     KVOffloadMetadata,
     KVOffloadWorkerMetadata,
 )
-from kvoffload.worker import HostPool, JobResult
+from kvoffload.worker import HostPool, JobResult, TransferWorker
+from kvoffload.worker.factory import create_data_plane
+from kvoffload.worker.layout import GroupSpec as WorkerGroupSpec
 
 BLOCK = 4
 PER_CHUNK = 2
@@ -80,7 +82,14 @@ def request(req_id: str, tokens: list[int]) -> Any:
 class SchedulerStandIn:
     """Drives a scheduler-role `KVOffloadConnector` as vLLM's engine would."""
 
-    def __init__(self, extra: Mapping[str, Any], prefix_caching: bool = True):
+    def __init__(
+        self,
+        extra: Mapping[str, Any],
+        prefix_caching: bool = True,
+        kv_cache: Any = None,
+    ):
+        """`kv_cache`, layer l0's KV tensor, registers a real worker's data plane
+        (which records the tensor's memory layout in the pool)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import (
             KVConnectorRole,
         )
@@ -95,22 +104,40 @@ class SchedulerStandIn:
         extra["cpu_bytes_to_use"] = HOST_SLOTS * geometry.slot_nbytes
         config.kv_transfer_config.kv_connector_extra_config = extra
         # The worker's host pool, which secondary tiers read and write.
-        self.pool = HostPool.create(geometry, HOST_SLOTS, name=self.shape.pool_name(0))
+        self._worker: TransferWorker | None = None
+        if kv_cache is None:
+            self.pool = HostPool.create(
+                geometry, HOST_SLOTS, name=self.shape.pool_name(0)
+            )
+        else:
+            _, self.pool, self._worker = create_data_plane(
+                {"l0": kv_cache},
+                [WorkerGroupSpec(0, ("l0",), kv_config.num_blocks, PER_CHUNK)],
+                extra["cpu_bytes_to_use"],
+                pool_name=self.shape.pool_name(0),
+            )
         try:
             self.connector = KVOffloadConnector(
                 config, KVConnectorRole.SCHEDULER, kv_config
             )
         except BaseException:
-            self.pool.close()
+            self._close_worker()
             raise
         self._next_block = 1  # block 0 is vLLM's null block
         self._stats: dict[str, float] = {}
+
+    def _close_worker(self) -> None:
+        try:
+            if self._worker is not None:
+                self._worker.shutdown()
+        finally:
+            self.pool.close()
 
     def close(self) -> None:
         try:
             self.connector.shutdown()
         finally:
-            self.pool.close()
+            self._close_worker()
 
     def lookup(self, req: Any) -> int | None:
         """`get_num_new_matched_tokens` with no engine hit; `None`: deferred."""
@@ -186,9 +213,11 @@ class SchedulerStandIn:
 
 @contextmanager
 def stand_in(
-    extra: Mapping[str, Any] | None = None, prefix_caching: bool = True
+    extra: Mapping[str, Any] | None = None,
+    prefix_caching: bool = True,
+    kv_cache: Any = None,
 ) -> Iterator[SchedulerStandIn]:
-    engine = SchedulerStandIn(extra or {}, prefix_caching)
+    engine = SchedulerStandIn(extra or {}, prefix_caching, kv_cache)
     try:
         yield engine
     finally:

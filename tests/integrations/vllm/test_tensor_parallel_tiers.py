@@ -101,7 +101,7 @@ def test_each_rank_gets_its_own_slice_back_from_the_file_tier(
     config = settings(tmp_path / "kv", 8, engine)
     ks = [key(1), key(2)]
 
-    manager, attached = build_manager(config, engine, enable_events=False)
+    manager, attached, _ = build_manager(config, engine, enable_events=False)
     try:
         assert len(attached) == TP
         manager.on_new_request(CTX)
@@ -124,7 +124,7 @@ def test_each_rank_gets_its_own_slice_back_from_the_file_tier(
     # pools hold nothing of these chunks.
     for pool in pools:
         pool.array[:] = 0
-    manager, attached = build_manager(config, engine, enable_events=False)
+    manager, attached, _ = build_manager(config, engine, enable_events=False)
     try:
         manager.on_new_request(CTX)
         assert [promoted(manager, k) for k in ks] == [LookupResult.HIT] * 2
@@ -146,7 +146,7 @@ def test_chunks_of_another_parallel_layout_are_not_loaded(
     the tiers' fingerprint names the layout, so it never reads half a chunk."""
     engine, pools = worker_pools
     n = engine.pool_geometry().chunk_nbytes(0)
-    manager, attached = build_manager(
+    manager, attached, _ = build_manager(
         settings(tmp_path / "kv", 8, engine), engine, enable_events=False
     )
     try:
@@ -166,7 +166,7 @@ def test_chunks_of_another_parallel_layout_are_not_loaded(
     assert single.tiers_fingerprint() != engine.tiers_fingerprint()
     pool = HostPool.create(single.pool_geometry(), 8, name=single.pool_name(0))
     try:
-        manager, attached = build_manager(
+        manager, attached, _ = build_manager(
             settings(tmp_path / "kv", 8, single), single, enable_events=False
         )
         try:

@@ -5,12 +5,18 @@ block per layer), the hash granularity; from `VllmConfig`: the model identity,
 parallelism and whether the engine keeps a prefix cache. Both connector roles derive the same shape, so the scheduler computes
 the same number of host slots as the worker allocates, and the same fingerprint
 names the model and layout in keys, files and Redis.
+
+How the KV bytes are arranged in memory (the attention backend's K/V-major or
+block-major tensors, NHD or HND) is known only to the workers, which see the
+tensors: each records it in its host pool's header, and the scheduler, which
+attaches the pools, adds it to the fingerprints (`with_kv_layouts`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvoffload.integrations.vllm.config import KVOffloadSettings
@@ -42,7 +48,8 @@ class EngineShape:
     """The engine's KV-cache groups, model identity and parallelism.
 
     `prefix_caching` is vLLM's `enable_prefix_caching`: whether blocks one request
-    loads serve other requests from the engine's own cache.
+    loads serve other requests from the engine's own cache. `kv_layouts` is each
+    rank's `KVLayout.fingerprint`, in rank order, once read from the host pools.
     """
 
     groups: tuple[GroupShape, ...]
@@ -53,6 +60,7 @@ class EngineShape:
     tp_size: int
     engine_id: str
     prefix_caching: bool = True
+    kv_layouts: tuple[str, ...] = ()
 
     @classmethod
     def from_vllm(
@@ -108,6 +116,10 @@ class EngineShape:
             prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
         )
 
+    def with_kv_layouts(self, layouts: Iterable[str]) -> EngineShape:
+        """This shape, with the ranks' KV memory layouts, in rank order."""
+        return replace(self, kv_layouts=tuple(layouts))
+
     def model_fingerprint(self) -> str:
         """Names the model and the per-token KV layout in every block hash."""
         if self.model == UNIDENTIFIED:
@@ -126,6 +138,7 @@ class EngineShape:
                     for g in self.groups
                 ],
                 "tp_size": self.tp_size,
+                "kv_layouts": list(self.kv_layouts),
                 "hash": "sha256",
             }
         )

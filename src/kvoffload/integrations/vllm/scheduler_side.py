@@ -46,12 +46,14 @@ def _table(ids: Iterable[Iterable[int] | None]) -> BlockTable:
 
 def build_manager(
     settings: KVOffloadSettings, shape: EngineShape, enable_events: bool
-) -> tuple[OffloadingManager, list[HostPool]]:
+) -> tuple[OffloadingManager, list[HostPool], EngineShape]:
     """The primary tier, behind a tiering manager when secondary tiers are set.
 
     Secondary tiers read and write the workers' host pools, attached by name:
     with tensor parallelism, every rank's, a chunk being all ranks' slices
-    (`RankedChunkBuffer`). Returns the manager and the pools attached.
+    (`RankedChunkBuffer`). Returns the manager, the pools attached and `shape`
+    with the KV layouts the pools' workers recorded (vLLM registers the
+    workers' KV caches before it creates the scheduler).
     """
     geometry = shape.pool_geometry()
     primary = CPUOffloadingManager(
@@ -62,7 +64,7 @@ def build_manager(
         enable_events=enable_events,
     )
     if not settings.secondary_tiers:
-        return primary, []
+        return primary, [], shape
     from kvoffload.tiering import create_tiering_manager
 
     pools: list[HostPool] = []
@@ -72,6 +74,7 @@ def build_manager(
                 HostPool.attach(shape.pool_name(rank), geometry, primary.num_chunks)
             )
         buffer = pools[0] if len(pools) == 1 else RankedChunkBuffer(pools)
+        shape = shape.with_kv_layouts(pool.layout for pool in pools)
         manager = create_tiering_manager(
             primary, settings.secondary_tiers, buffer, shape.tiers_fingerprint()
         )
@@ -79,7 +82,7 @@ def build_manager(
         for pool in pools:
             pool.close()
         raise
-    return manager, pools
+    return manager, pools, shape
 
 
 class SchedulerSide:
@@ -92,9 +95,11 @@ class SchedulerSide:
         events: KVEventDescriber | None = None,
     ):
         """`events`, with vLLM's KV events on, describes chunks for them."""
-        self.shape = shape
         self._events = events
-        self.manager, self._pools = build_manager(settings, shape, events is not None)
+        self.manager, self._pools, shape = build_manager(
+            settings, shape, events is not None
+        )
+        self.shape = shape
         config = ConnectorConfig(
             groups=tuple(
                 GroupSpec(g.tokens_per_block, g.blocks_per_chunk) for g in shape.groups
