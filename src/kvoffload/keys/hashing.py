@@ -2,7 +2,8 @@
 
 hash(block i) covers hash(block i-1), the block's token ids and its extra keys, so
 equal hashes mean equal prefixes. The root of every chain covers the model
-fingerprint, the LoRA name and the request's `cache_salt`: requests of different
+fingerprint, the LoRA adapter's identity (name, path and a digest of its files,
+where the engine integration can read them) and the request's `cache_salt`: requests of different
 tenants (salts) or models never share a hash. The default algorithm is SHA-256
 over a canonical byte encoding, identical across processes, restarts and machines.
 """

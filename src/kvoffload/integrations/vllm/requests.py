@@ -2,7 +2,8 @@
 
 vLLM's default block hash is SHA-256 over a pickle and does not cover the model, so
 kvoffload computes its own canonical chain from the request's tokens: the root
-covers the model fingerprint, the LoRA adapter and `cache_salt`; multimodal inputs
+covers the model fingerprint, the LoRA adapter's identity (`lora_identity`) and
+`cache_salt`; multimodal inputs
 enter the blocks they overlap. Hashes are extended lazily as tokens are generated.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvoffload.integrations.vllm.lora_identity import LoraIdentities
 from kvoffload.keys import BlockHasher, HashRoot
 
 
@@ -18,15 +20,18 @@ class VllmRequestView:
     """Implements `kvoffload.connector.RequestInfo` over a live vLLM `Request`."""
 
     def __init__(
-        self, request: Any, hasher: BlockHasher, model_fingerprint: str
+        self,
+        request: Any,
+        hasher: BlockHasher,
+        model_fingerprint: str,
+        loras: LoraIdentities,
     ) -> None:
         self._request = request
         self._hasher = hasher
         self._hashes: list[bytes] = []
-        lora = getattr(request, "lora_request", None)
         self._root = HashRoot(
             model=model_fingerprint,
-            lora=getattr(lora, "lora_name", None) if lora is not None else None,
+            lora=loras.identity(getattr(request, "lora_request", None)),
             cache_salt=getattr(request, "cache_salt", None),
         )
         # Inputs whose tokens are placeholders for something hashed elsewhere.

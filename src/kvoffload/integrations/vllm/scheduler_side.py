@@ -21,6 +21,7 @@ from kvoffload.connector import (
 )
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 from kvoffload.integrations.vllm.engine_shape import VLLM_NULL_BLOCK, EngineShape
+from kvoffload.integrations.vllm.lora_identity import LoraIdentities
 from kvoffload.integrations.vllm.messages import KVOffloadWorkerMetadata
 from kvoffload.integrations.vllm.requests import VllmRequestView
 from kvoffload.integrations.vllm.stats import KVOffloadStats, StatsDelta
@@ -120,6 +121,7 @@ class SchedulerSide:
         )
         self._hasher = BlockHasher(shape.hash_block_tokens)
         self._fingerprint = shape.model_fingerprint()
+        self._loras = LoraIdentities()
         self._views: dict[str, VllmRequestView] = {}
         self._local_hit: dict[str, int] = {}
         self._stats = StatsDelta()
@@ -134,7 +136,9 @@ class SchedulerSide:
     def _view(self, request: Any) -> VllmRequestView:
         view = self._views.get(request.request_id)
         if view is None:
-            view = VllmRequestView(request, self._hasher, self._fingerprint)
+            view = VllmRequestView(
+                request, self._hasher, self._fingerprint, self._loras
+            )
             self._views[request.request_id] = view
             self.connector.on_new_request(view)
         return view
