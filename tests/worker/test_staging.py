@@ -125,3 +125,78 @@ def test_regions_of_different_sizes_are_copied_region_by_region() -> None:
         with HostPool.create(kv_layout.geometry, 4) as pool:
             _staged(caches, kv_layout, pool, job, 1 << 30)
             assert np.array_equal(pool.array, oracle.array)
+
+
+def _check_against_cpu_worker(
+    layout: Layout,
+    blocks_per_chunk: int,
+    engine_blocks: list[int],
+    hosts: list[int],
+    piece_blocks: int,
+) -> None:
+    """Store then load `engine_blocks` <-> `hosts` through the CPU worker and the
+    staging path in pieces of at most `piece_blocks` blocks: same bytes."""
+    group = BIG
+    caches = make_caches(layout, torch.bfloat16, CPU, (group,))
+    specs = [GroupSpec(0, group.layers, group.num_blocks, blocks_per_chunk)]
+    kv_layout = describe_kv_caches(caches, specs)
+    piece_nbytes = piece_blocks * kv_layout.groups[0].block_nbytes
+    transfer = (GroupTransfer(0, tuple(engine_blocks), tuple(hosts)),)
+    with data_plane(caches, specs, NUM_SLOTS) as (oracle, worker):
+        assert run_job(worker, 1, STORE, (0, engine_blocks, hosts)).success
+        with HostPool.create(kv_layout.geometry, NUM_SLOTS) as pool:
+            store = TransferJob(1, STORE, transfer)
+            _staged(caches, kv_layout, pool, store, piece_nbytes)
+            assert np.array_equal(pool.array, oracle.array)
+
+            oracle.array[:] = torch.randint(0, 256, oracle.array.shape).numpy()
+            pool.array[:] = oracle.array
+            staged = {k: tuple(_clone(t) for t in v) for k, v in caches.items()}
+            assert run_job(worker, 2, LOAD, (0, engine_blocks, hosts)).success
+            load = TransferJob(2, LOAD, transfer)
+            _staged(staged, kv_layout, pool, load, piece_nbytes)
+    for name, tensors in caches.items():
+        for want, got in zip(tensors, staged[name], strict=True):
+            assert torch.equal(_storage(want), _storage(got))
+
+
+def _storage(tensor: torch.Tensor) -> torch.Tensor:
+    """All bytes under `tensor`, padding between its blocks included."""
+    return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+
+
+def _clone(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with the same strides over a copy of the storage (padded pages)."""
+    copy = torch.empty(0, dtype=tensor.dtype)
+    storage = tensor.untyped_storage().clone()
+    return copy.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("blocks_per_chunk", [2, 4])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_jobs_from_a_chunk_boundary_to_mid_chunk_match_the_cpu_worker(
+    layout: Layout, blocks_per_chunk: int, chunks: int
+) -> None:
+    """A load of a whole cached prefix: whole chunks from host block 0, then a
+    partial chunk (16 tokens a block, 4 blocks a chunk, 128 tokens -> 7 blocks)."""
+    torch.manual_seed(blocks_per_chunk + chunks)
+    hosts = list(range((chunks + 1) * blocks_per_chunk - 1))
+    sources = torch.randperm(BIG.num_blocks)[: len(hosts)].tolist()
+    _check_against_cpu_worker(layout, blocks_per_chunk, sources, hosts, len(hosts))
+
+
+def test_random_jobs_match_the_cpu_worker() -> None:
+    """Random start and end positions, chunk sizes and piece sizes."""
+    rng = torch.Generator().manual_seed(11)
+    torch.manual_seed(11)
+    for trial in range(48):
+        layout = LAYOUTS[trial % len(LAYOUTS)]
+        bpc = int(torch.randint(1, 5, (1,), generator=rng))
+        start = int(torch.randint(0, NUM_SLOTS * bpc, (1,), generator=rng))
+        most = min(BIG.num_blocks, NUM_SLOTS * bpc - start)
+        count = int(torch.randint(1, most + 1, (1,), generator=rng))
+        hosts = list(range(start, start + count))
+        sources = torch.randperm(BIG.num_blocks, generator=rng)[:count].tolist()
+        piece_blocks = int(torch.randint(1, count + 1, (1,), generator=rng))
+        _check_against_cpu_worker(layout, bpc, sources, hosts, piece_blocks)

@@ -53,7 +53,8 @@ def store_staged(
     full, partial = _split_runs(plan, staged)
     if full:
         stacked = torch.stack(staged)
-        rows = _rows(full, plan.layout.blocks_per_chunk, index.device)
+        bpc = plan.layout.blocks_per_chunk
+        rows = _rows(full, bpc, index.numel(), index.device)
         if rows is not None:
             stacked = stacked.index_select(1, rows)
         # [regions, chunks * bpc, bytes] -> [chunks, chunk bytes], as slots are.
@@ -96,7 +97,7 @@ def load_staged(
         # [chunks, regions * bpc * bytes] -> [regions, chunks * bpc, bytes]
         by_region = chunks.view(len(full), len(staged), -1).transpose(0, 1)
         by_region = by_region.reshape(len(staged), len(full) * bpc, -1)
-        rows = _rows(full, bpc, index.device)
+        rows = _rows(full, bpc, index.numel(), index.device)
         for region, target in enumerate(staged):
             if rows is None:
                 target.copy_(by_region[region])
@@ -145,11 +146,12 @@ def _split_runs(
 
 
 def _rows(
-    full: list[tuple[int, CopyRun]], bpc: int, device: torch.device
+    full: list[tuple[int, CopyRun]], bpc: int, num_rows: int, device: torch.device
 ) -> torch.Tensor | None:
-    """Rows of the whole-chunk runs, or None when they are all rows in order."""
+    """Rows of the whole-chunk runs, or None when they are all `num_rows` rows
+    of the piece in order (rows 0..n-1 followed by partial-chunk rows are not)."""
     rows = [row + j for row, _ in full for j in range(bpc)]
-    if rows == list(range(len(rows))):
+    if rows == list(range(num_rows)):
         return None
     return upload(rows, device)
 
