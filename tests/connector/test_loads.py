@@ -202,6 +202,25 @@ def _sim(req_id: str, tokens: list[int], hasher: BlockHasher) -> SimRequest:
     return SimRequest(req_id, 0.0, len(tokens), 1, hasher.hash_blocks(tokens), 4)
 
 
+def _b_finds_what_a_stored(
+    connector: OffloadConnector, hasher: BlockHasher
+) -> tuple[SimRequest, SimRequest]:
+    """A computes a 40-token prompt and stores its chunks; B, on the same prompt,
+    then finds 36 tokens (all but the last chunk's last token) in host memory."""
+    tokens = list(range(40))
+    a = _sim("A", tokens, hasher)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [list(range(10))], 0, 0)
+    (store,) = connector.build_step([ScheduledRequest("A", 0, 40)]).stores
+    connector.on_job_results([JobResult(store.job_id, True)])
+    connector.request_finished("A")
+    b = _sim("B", tokens, hasher)
+    connector.on_new_request(b)
+    assert connector.get_num_new_matched_tokens(b, 0) == 36
+    return a, b
+
+
 def test_pending_chunks_defer_the_lookup_for_a_bounded_time() -> None:
     connector, manager, clock, hasher = _lookup_harness()
     tokens = list(range(40))
@@ -243,17 +262,7 @@ def test_a_load_whose_chunks_left_the_host_tier_fails_cleanly() -> None:
     pinning nothing; the worker reports it failed like any failed load (the
     engine recomputes) and B does not try to load again."""
     connector, manager, _, hasher = _lookup_harness()
-    tokens = list(range(40))
-    a = _sim("A", tokens, hasher)
-    connector.on_new_request(a)
-    assert connector.get_num_new_matched_tokens(a, 0) == 0
-    connector.update_state_after_alloc("A", [list(range(10))], 0, 0)
-    (store,) = connector.build_step([ScheduledRequest("A", 0, 40)]).stores
-    connector.on_job_results([JobResult(store.job_id, True)])
-    connector.request_finished("A")
-    b = _sim("B", tokens, hasher)
-    connector.on_new_request(b)
-    assert connector.get_num_new_matched_tokens(b, 0) == 36
+    a, b = _b_finds_what_a_stored(connector, hasher)
     other = ReqContext("other")
     evicting = [OffloadKey(bytes([i]) * 36) for i in range(16)]
     assert manager.prepare_store(evicting, other) is not None  # takes every slot
@@ -325,22 +334,12 @@ def test_after_a_failed_load_the_request_recomputes_instead_of_retrying() -> Non
     """Scenario: vLLM (kv_load_failure_policy="recompute") asks again after a
     failed load; the connector answers 0 rather than loading the same chunks again."""
     connector, _, _, hasher = _lookup_harness()
-    tokens = list(range(40))
-    a = _sim("A", tokens, hasher)
-    connector.on_new_request(a)
-    assert connector.get_num_new_matched_tokens(a, 0) == 0
-    connector.update_state_after_alloc("A", [list(range(10))], 0, 0)
-    (store,) = connector.build_step([ScheduledRequest("A", 0, 40)]).stores
-    connector.on_job_results([JobResult(store.job_id, True)])
-    connector.request_finished("A")
-    b = _sim("B", tokens, hasher)
-    connector.on_new_request(b)
-    assert connector.get_num_new_matched_tokens(b, 0) == 36
+    _, b = _b_finds_what_a_stored(connector, hasher)
     connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
     (load,) = connector.build_step([]).loads
     connector.on_job_results([JobResult(load.job_id, False)])
     assert connector.take_load_results() == ([], ["B"])
     assert connector.get_num_new_matched_tokens(b, 0) == 0
-    c = _sim("C", tokens, hasher)  # another request still gets the chunks
+    c = _sim("C", list(range(40)), hasher)  # another request still gets them
     connector.on_new_request(c)
     assert connector.get_num_new_matched_tokens(c, 0) == 36

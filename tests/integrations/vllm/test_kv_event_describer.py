@@ -23,6 +23,8 @@ from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
 from kvoffload.integrations.vllm.kv_events import KVEventDescriber
 
+from .scheduler_stand_in import kv_cache_config
+
 BLOCK, PER = 4, 2
 SHAPE = EngineShape(
     (GroupShape(0, BLOCK, PER, ("l0",), 64, "FullAttentionSpec"),),
@@ -33,25 +35,6 @@ SHAPE = EngineShape(
     1,
     "events-test",
 )
-
-
-def kv_cache_config() -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-    )
-
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=1, head_size=4, dtype=torch.float32
-    )
-    return KVCacheConfig(
-        num_blocks=64,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
-        hash_block_size=BLOCK,
-    )
 
 
 def request(tokens: list[int], salt: str | None = None, hashed: bool = True) -> Any:
