@@ -57,6 +57,18 @@ def test_the_observer_hears_each_stored_chunk_once_and_every_loaded_one() -> Non
     assert loaded == [(0, a_keys)], "A2 loads them all and stores nothing new"
 
 
+def _b_repeats_a_with_its_first_block_on_the_device(h: Harness) -> SimRequest:
+    """A's three chunks reach the host tier; the device keeps only A's first
+    block (re-cached by C); B repeats A and runs. Returns B."""
+    prompt = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    _fill_device(h)
+    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
+    b = h.request("B", prompt + h.tokens(1))
+    h.run(b)
+    return b
+
+
 def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(
     async_scheduling: bool,
 ) -> None:
@@ -64,12 +76,7 @@ def test_hit_starting_mid_chunk_loads_only_the_missing_blocks(
     block (re-cached by C); A's three chunks are in the host tier. B repeats A: the
     load starts at block 1, inside chunk 0."""
     h = Harness(async_scheduling=async_scheduling, device_blocks=30)
-    prompt = h.tokens(3 * CHUNK)
-    h.run(h.request("A", prompt + h.tokens(1)))
-    _fill_device(h)
-    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
-    b = h.request("B", prompt + h.tokens(1))
-    h.run(b)
+    b = _b_repeats_a_with_its_first_block_on_the_device(h)
     assert (b.device_hit_tokens, b.loaded_tokens) == (4, 3 * CHUNK - 4)
     load = h.connector.loads()[-1]
     (group,) = load.groups
@@ -83,12 +90,7 @@ def test_the_tier_counts_the_hit_tokens_loaded_from_a_mid_chunk_start() -> None:
     0, which the device still holds. The host tier is credited with exactly the
     tokens B loaded, as the connector is."""
     h = Harness(device_blocks=30)
-    prompt = h.tokens(3 * CHUNK)
-    h.run(h.request("A", prompt + h.tokens(1)))
-    _fill_device(h)
-    h.run(h.request("C", prompt[:4] + h.tokens(1), output=h.tokens(1)))
-    b = h.request("B", prompt + h.tokens(1))
-    h.run(b)
+    b = _b_repeats_a_with_its_first_block_on_the_device(h)
     assert b.loaded_tokens == 3 * CHUNK - 4
     assert h.manager.get_stats()["cpu"].hit_tokens == b.loaded_tokens
     assert h.connector.get_stats().hit_tokens == b.loaded_tokens
