@@ -472,7 +472,7 @@ class TieringManager(OffloadingManager):
             events.extend(tier.take_events())
         return events
 
-    def reset_cache(self) -> None:
+    def reset_cache(self, busy_slots: Iterable[int] = ()) -> None:
         """Drop every chunk of every tier (SPEC §3.3): secondary tiers empty
         their whole namespace (`SecondaryTier.reset_cache`), because after an
         in-place weight update the model's fingerprint may be unchanged and
@@ -485,6 +485,10 @@ class TieringManager(OffloadingManager):
         bounded by each tier's `max_inflight_chunks` and call timeouts, and
         resets are rare (weight updates, with generation paused); deleting the
         tiers' contents, the long part, runs on their own threads.
+
+        The engine's own transfer jobs are not waited for: the primary tier holds
+        their `busy_slots` until `release_slots`, so no promotion lands in a slot
+        an old device copy still writes or reads.
         """
         self._requests.drop_in_flight()
         self._promotions.clear()
@@ -496,8 +500,11 @@ class TieringManager(OffloadingManager):
             self._maybe_finalize(state)
         for tier in self.tiers:
             tier.reset_cache()
-        self.primary.reset_cache()
+        self.primary.reset_cache(busy_slots)
         self._polled = False
+
+    def release_slots(self, slots: Iterable[int]) -> None:
+        self.primary.release_slots(slots)
 
     def get_stats(self) -> dict[str, TierStats]:
         stats = self.primary.get_stats()

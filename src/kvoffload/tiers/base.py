@@ -8,7 +8,7 @@ moves no bytes; the worker does, from the slots the manager hands out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -277,8 +277,21 @@ class OffloadingManager(ABC):
         while true, the engine should keep calling `on_schedule_end`."""
         return False
 
-    def reset_cache(self) -> None:
-        """Drop every chunk and all state; later completions of old jobs are ignored."""
+    def reset_cache(self, busy_slots: Iterable[int] = ()) -> None:
+        """Drop every chunk and all state; later completions of old jobs are ignored.
+
+        `busy_slots` are host slots that transfer jobs planned before the reset
+        may still write or read (the manager cannot see them end): none is handed
+        out again, to any store or promotion, until `release_slots` releases it
+        once for each time it was named. They count neither as occupied nor as
+        free meanwhile.
+        """
+        del busy_slots
+
+    def release_slots(self, slots: Iterable[int]) -> None:
+        """The jobs that made `slots` busy at a reset have ended (on every worker):
+        those slots may be reused. Slots not held are ignored."""
+        del slots
 
     @abstractmethod
     def get_stats(self) -> dict[str, TierStats]:

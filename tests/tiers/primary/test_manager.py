@@ -179,6 +179,46 @@ def test_reset_drops_everything_and_ignores_late_completions() -> None:
     assert m.lookup_prefix(keys(3, 4), CTX).ready == 2
 
 
+def test_reset_holds_busy_slots_until_released() -> None:
+    """Scenario: a copy into slot s (a store planned before the reset) is still
+    running when the tier resets. No store gets s until it is released; s is
+    neither occupied nor free meanwhile; once released the whole pool is usable."""
+    m = CPUOffloadingManager(3)
+    stored(m, [1])
+    busy = m.prepare_store(keys(2), CTX)
+    assert busy is not None
+    (slot,) = busy.slots
+    m.reset_cache(busy_slots=[slot])
+    assert m.num_free_slots() == 2
+    assert m.get_stats()["cpu"].occupancy == 0
+    assert m.prepare_store(keys(3, 4, 5), CTX) is None, "a held slot was free"
+    out = m.prepare_store(keys(3, 4), CTX)
+    assert out is not None and slot not in out.slots
+    assert m.num_free_slots() == 0
+    m.release_slots([slot])
+    after = m.prepare_store(keys(5), CTX)
+    assert after is not None and after.slots == (slot,)
+    assert m.get_stats()["cpu"].occupancy == 3
+
+
+def test_a_slot_held_twice_is_free_after_two_releases() -> None:
+    """Scenario: two loads planned before a reset read the same slot; it stays
+    held until both have ended, and a second reset keeps it held too."""
+    m = CPUOffloadingManager(1)
+    stored(m, [1])
+    (slot,) = m.prepare_load(keys(1), CTX) or ()
+    m.prepare_load(keys(1), CTX)
+    m.reset_cache(busy_slots=[slot, slot])
+    m.reset_cache()
+    m.release_slots([slot])
+    assert m.prepare_store(keys(2), CTX) is None
+    m.release_slots([slot])
+    m.release_slots([slot])  # not held any more: ignored
+    out = m.prepare_store(keys(2), CTX)
+    assert out is not None and out.slots == (slot,)
+    assert m.prepare_store(keys(3), CTX) is None, "one slot handed out twice"
+
+
 def test_reset_announces_what_was_readable_as_removed() -> None:
     m = CPUOffloadingManager(4, enable_events=True)
     stored(m, [1, 2])

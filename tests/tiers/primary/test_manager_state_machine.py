@@ -2,8 +2,9 @@
 
 Checked after every step: capacity never exceeded; pinned, in-flight and offered
 chunks never evicted; a `None` from prepare_store changes nothing; every stored
-chunk is readable unless reported evicted; once every load completed, nothing
-stays pinned.
+chunk is readable unless reported evicted; a slot that a reset was told is still
+being copied is handed out to no store until released; once every load completed
+and every held slot was released, the whole pool can be stored into.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class ManagerMachine(RuleBasedStateMachine):
         self.readable: set[OffloadKey] = set()
         self.writing: list[tuple[OffloadKey, ...]] = []
         self.pins: list[tuple[OffloadKey, ...]] = []
+        self.slot_of: dict[OffloadKey, int] = {}
+        # Per job in flight at a reset: the slots it still copies.
+        self.held: list[tuple[int, ...]] = []
 
     @property
     def manager(self) -> CPUOffloadingManager:
@@ -68,6 +72,9 @@ class ManagerMachine(RuleBasedStateMachine):
         assert not set(out.evicted_keys) & protected
         assert set(out.keys_to_store) <= set(offered)
         assert not set(out.keys_to_store) & (self.readable | self._in_flight())
+        held = {slot for job in self.held for slot in job}
+        assert not set(out.slots) & held, "a held slot was handed out"
+        self.slot_of.update(zip(out.keys_to_store, out.slots, strict=True))
         self.readable -= set(out.evicted_keys)
         if out.keys_to_store:
             self.writing.append(out.keys_to_store)
@@ -96,6 +103,23 @@ class ManagerMachine(RuleBasedStateMachine):
         self.manager.complete_load(self.pins.pop(index % len(self.pins)), CTX)
 
     @precondition(lambda self: self.m is not None)
+    @rule()
+    def reset(self) -> None:
+        """Every job in flight keeps copying its slots after the reset."""
+        jobs = [*self.writing, *self.pins]
+        busy = [tuple(self.slot_of[key] for key in job) for job in jobs]
+        self.manager.reset_cache([slot for job in busy for slot in job])
+        self.held += busy
+        self.readable.clear()
+        self.writing.clear()
+        self.pins.clear()
+
+    @precondition(lambda self: self.m is not None and self.held)
+    @rule(index=st.integers(0, 10))
+    def release(self, index: int) -> None:
+        self.manager.release_slots(self.held.pop(index % len(self.held)))
+
+    @precondition(lambda self: self.m is not None)
     @rule(ids=st.lists(st.integers(0, 15), max_size=5))
     def touch(self, ids: list[int]) -> None:
         self.manager.touch([k(i) for i in ids], CTX)
@@ -121,6 +145,8 @@ class ManagerMachine(RuleBasedStateMachine):
             self.manager.complete_load(job, CTX)
         for job in self.writing:
             self.manager.complete_store(job, CTX)
+        for slots in self.held:
+            self.manager.release_slots(slots)
         fresh = [k(100 + i) for i in range(CAPACITY)]
         for req in ("drain-1", "drain-2"):  # pass the reuse filter, if any
             self.manager.lookup_prefix(fresh, ReqContext(req))

@@ -2,12 +2,14 @@
 
 `CPUOffloadingManager` owns `num_chunks` slots, an eviction policy, pins and
 in-flight writes, the reuse filter and the event stream. It moves no bytes: the
-worker copies into and out of the slots it hands out.
+worker copies into and out of the slots it hands out, so a slot that a copy
+planned before a reset may still touch is held out of use until it is released.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from kvoffload.keys import OffloadKey
@@ -34,6 +36,10 @@ class CPUOffloadingManager(OffloadingManager):
     `complete_store(success=True)` arrives. Pinned chunks (being read), chunks
     being written and the keys of the current `prepare_store` call are never
     evicted.
+
+    Slots named to `reset_cache` as busy are *held*: neither occupied nor free,
+    never handed out, until `release_slots` releases them as many times as they
+    were held.
     """
 
     name = "cpu"
@@ -58,6 +64,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._pins: dict[OffloadKey, int] = {}
         self._free: list[int] = []
         self._next_fresh = 0
+        # Slots that copies planned before a reset may still touch: slot -> holds.
+        self._held: Counter[int] = Counter()
         # Keys each live request stored itself: recency, not reuse, on touch().
         self._stored_by_request: dict[str, set[OffloadKey]] = {}
         self._stats = TierStats(capacity=num_chunks)
@@ -277,7 +285,14 @@ class CPUOffloadingManager(OffloadingManager):
         events, self._events = self._events, []
         return events
 
-    def reset_cache(self) -> None:
+    def reset_cache(self, busy_slots: Iterable[int] = ()) -> None:
+        """Drop every chunk; `busy_slots` stay held until `release_slots`.
+
+        Pins and in-flight writes are forgotten, but the copies behind them may
+        still be running: a slot handed out again now (to a store, or to a
+        promotion written by a tier's I/O thread) could end up with another
+        chunk's bytes.
+        """
         if self._events is not None:  # what was announced as stored leaves
             readable = tuple(k for k in self._slots if k not in self._writing)
             if readable:
@@ -289,9 +304,33 @@ class CPUOffloadingManager(OffloadingManager):
         self._slots.clear()
         self._writing.clear()
         self._pins.clear()
-        self._free.clear()
-        self._next_fresh = 0
         self._stored_by_request.clear()
+        self._held.update(busy_slots)
+        assert all(0 <= slot < self._num_chunks for slot in self._held), (
+            "a busy slot outside the pool"
+        )
+        if self._held:
+            # Every slot not held is free (the lowest handed out first); a held
+            # one joins them when it is released.
+            held = self._held
+            self._free = [s for s in reversed(range(self._num_chunks)) if s not in held]
+            self._next_fresh = self._num_chunks
+        else:
+            self._free = []
+            self._next_fresh = 0
+
+    def release_slots(self, slots: Iterable[int]) -> None:
+        """The copies that made these slots busy at a reset have ended: each slot
+        becomes free once released as many times as it was held. Slots not held
+        are ignored."""
+        held, free = self._held, self._free
+        for slot in slots:
+            count = held.get(slot, 0)
+            if count > 1:
+                held[slot] = count - 1
+            elif count == 1:
+                del held[slot]
+                free.append(slot)
 
     def get_stats(self) -> dict[str, TierStats]:
         return {self.name: replace(self._stats, occupancy=len(self._slots))}
