@@ -83,16 +83,19 @@ class StepPlan:
     Loads can start at once; stores read blocks this step computes, so a worker
     runs them after the step's forward pass. `wait_for` are earlier jobs that must
     finish before engine blocks or host slots are reused (preemption, reset).
+    `stale_loads` are loads handed out before a `reset_cache`: whatever their
+    copy does, a worker reports them failed, so their requests recompute.
     """
 
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
     wait_for: tuple[int, ...] = ()
     request_of: Mapping[int, str] = field(default_factory=dict)
+    stale_loads: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.loads or self.stores or self.wait_for)
+        return not (self.loads or self.stores or self.wait_for or self.stale_loads)
 
 
 @dataclass

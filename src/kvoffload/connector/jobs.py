@@ -3,8 +3,8 @@
 With several worker ranks (tensor parallelism) each rank reports every job; a job
 completes when all ranks have reported, and succeeds only if every rank succeeded.
 Jobs planned before a `reset_cache` keep their records (their requests still need
-to hear about them) but are marked stale, so their completions do not touch the
-new tier state.
+to hear about them, and the host slots they touch stay held until they end) but
+are marked stale, so their completions do not touch the new tier state.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class JobRecord:
     ranks_seen: set[int] = field(default_factory=set)
     engine_blocks: tuple[GroupTransfer, ...] = ()
     """For stores: the engine blocks the job reads (fenced until it completes)."""
+    slots: tuple[int, ...] = ()
+    """The host slots the job writes (a store) or reads (a load)."""
 
 
 class JobTracker:
@@ -92,7 +94,9 @@ class JobTracker:
     def is_current(self, record: JobRecord) -> bool:
         return record.epoch == self._epoch
 
-    def start_new_epoch(self) -> list[int]:
-        """Mark every in-flight job stale; returns their ids."""
+    def start_new_epoch(self) -> list[JobRecord]:
+        """Mark every in-flight job stale; returns those current until now (the
+        others were made stale by an earlier reset)."""
+        ended = [r for r in self._jobs.values() if r.epoch == self._epoch]
         self._epoch += 1
-        return list(self._jobs)
+        return ended

@@ -16,6 +16,10 @@ block the engine allocates afresh also voids every entry naming it in the tables
 of requests whose chunks are not stored yet (vLLM frees a running request's
 blocks that leave a sliding window): those chunks are skipped, never stored from
 someone else's KV.
+
+`reset_cache` does not wait for the jobs in flight: the host slots they touch stay
+held until their results arrive from every rank, and their loads are reported
+failed.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from kvoffload.connector.transfers import (
     load_tokens,
     plan_load,
     store_transfers,
+    transfer_slots,
 )
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
@@ -84,6 +89,8 @@ class OffloadConnector:
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[TransferJob] = []
         self._wait_for: set[int] = set()
+        # Loads handed out before a reset: the workers must report them failed.
+        self._stale_loads: set[int] = set()
         self._request_of: dict[int, str] = {}
         # Engine block -> store jobs in flight that read it (in any group: vLLM's
         # groups share one block pool over the same bytes).
@@ -180,6 +187,7 @@ class OffloadConnector:
         fail: bool = False,
     ) -> None:
         record = self._jobs.new(state.req_id, TransferDirection.LOAD, keys)
+        record.slots = transfer_slots(transfers, self.config.groups)
         state.load_job = record.job_id
         self._pending_loads.append(
             TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
@@ -282,9 +290,11 @@ class OffloadConnector:
                 job.job_id: self._request_of[job.job_id]
                 for job in (*self._pending_loads, *stores)
             },
+            stale_loads=tuple(sorted(self._stale_loads)),
         )
         self._pending_loads.clear()
         self._wait_for.clear()
+        self._stale_loads.clear()
         return plan
 
     def _apply_block_ids(self, state: RequestState, item: ScheduledRequest) -> None:
@@ -347,6 +357,7 @@ class OffloadConnector:
             for block in transfer.engine_blocks:
                 self._readers.setdefault(block, set()).add(record.job_id)
         record.engine_blocks = transfers
+        record.slots = transfer_slots(transfers, self.config.groups)
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
 
     def _observe_load(self, state: RequestState, start: int, end: int) -> None:
@@ -396,52 +407,76 @@ class OffloadConnector:
     def _complete(self, record: JobRecord) -> None:
         self._request_of.pop(record.job_id, None)
         current = self._jobs.is_current(record)
+        if not current:
+            # Planned before a reset: its slots were held until now, on every rank.
+            self.manager.release_slots(record.slots)
         state = self._requests.get(record.request_id)
-        stats = self._stats
         if record.direction is TransferDirection.LOAD:
-            stats.load_jobs += 1
-            stats.bytes_loaded += record.num_bytes
-            stats.load_seconds += record.seconds
-            for key in record.keys:
-                count = self._loading.pop(key, 0) - 1
-                if count > 0:
-                    self._loading[key] = count
+            self._complete_load(record, state, current)
+        else:
+            self._complete_store(record, state, current)
+        if state is not None and state.finished and not state.has_jobs():
+            del self._requests[record.request_id]
+
+    def _complete_load(
+        self, record: JobRecord, state: RequestState | None, current: bool
+    ) -> None:
+        stats = self._stats
+        stats.load_jobs += 1
+        stats.bytes_loaded += record.num_bytes
+        stats.load_seconds += record.seconds
+        for key in record.keys:
+            count = self._loading.pop(key, 0) - 1
+            if count > 0:
+                self._loading[key] = count
+        if current:
+            self.manager.complete_load(
+                record.keys, state.ctx if state else ReqContext(record.request_id)
+            )
+        if record.success and current:
+            stats.chunks_loaded += len(record.keys)
+            self._finished_loading.append(record.request_id)
+        else:
+            stats.failed_load_jobs += 1
+            self._failed_loading.append(record.request_id)
             if current:
-                self.manager.complete_load(
-                    record.keys, state.ctx if state else ReqContext(record.request_id)
-                )
-            if record.success:
-                stats.chunks_loaded += len(record.keys)
-                self._finished_loading.append(record.request_id)
-            else:
-                stats.failed_load_jobs += 1
                 logger.warning(
                     "load job %d of request %s failed; it recomputes",
                     record.job_id,
                     record.request_id,
                 )
-                self._failed_loading.append(record.request_id)
                 if state is not None:
                     # Retrying could fail the same way forever: recompute instead.
                     state.load_failed = True
-            if state is not None and state.load_job == record.job_id:
-                state.load_job = None
-        else:
-            stats.store_jobs += 1
-            stats.bytes_stored += record.num_bytes
-            stats.store_seconds += record.seconds
-            if current:
-                ctx = state.ctx if state else ReqContext(record.request_id)
-                self.manager.complete_store(record.keys, ctx, success=record.success)
-            if record.success:
-                stats.chunks_stored += len(record.keys)
             else:
-                stats.failed_store_jobs += 1
-            if state is not None:
-                state.store_jobs.discard(record.job_id)
-            self._unfence(record)
-        if state is not None and state.finished and not state.has_jobs():
-            del self._requests[record.request_id]
+                # Its chunks were dropped by the reset, maybe as KV of old weights.
+                self._stale_loads.discard(record.job_id)
+                logger.info(
+                    "load job %d of request %s was planned before a reset; "
+                    "it recomputes",
+                    record.job_id,
+                    record.request_id,
+                )
+        if state is not None and state.load_job == record.job_id:
+            state.load_job = None
+
+    def _complete_store(
+        self, record: JobRecord, state: RequestState | None, current: bool
+    ) -> None:
+        stats = self._stats
+        stats.store_jobs += 1
+        stats.bytes_stored += record.num_bytes
+        stats.store_seconds += record.seconds
+        if current:
+            ctx = state.ctx if state else ReqContext(record.request_id)
+            self.manager.complete_store(record.keys, ctx, success=record.success)
+        if record.success:
+            stats.chunks_stored += len(record.keys)
+        else:
+            stats.failed_store_jobs += 1
+        if state is not None:
+            state.store_jobs.discard(record.job_id)
+        self._unfence(record)
 
     def _unfence(self, record: JobRecord) -> None:
         for transfer in record.engine_blocks:
@@ -472,10 +507,27 @@ class OffloadConnector:
     # -- whole-cache operations --------------------------------------------------
 
     def reset_cache(self) -> None:
-        """Drop every offloaded chunk. Jobs in flight finish before slots are reused,
-        and their completions no longer touch the tiers."""
-        self._wait_for.update(self._jobs.start_new_epoch())
-        self.manager.reset_cache()
+        """Drop every offloaded chunk; jobs in flight keep running.
+
+        Their completions no longer touch the tiers, and the host slots they write
+        or read are held (not reused, by stores or promotions) until every rank
+        has reported them. Their loads are reported failed, so their requests
+        recompute: the chunks they read were dropped, maybe as KV of the weights
+        the reset is for. Loads not handed out yet copy nothing.
+        """
+        ended = self._jobs.start_new_epoch()
+        self._wait_for.update(record.job_id for record in ended)
+        pending = {job.job_id for job in self._pending_loads}
+        self._stale_loads.update(
+            record.job_id
+            for record in ended
+            if record.direction is TransferDirection.LOAD
+            and record.job_id not in pending
+        )
+        self._pending_loads = [
+            replace(job, groups=(), fail=True) for job in self._pending_loads
+        ]
+        self.manager.reset_cache([slot for record in ended for slot in record.slots])
 
     def on_schedule_end(self) -> None:
         self.manager.on_schedule_end()

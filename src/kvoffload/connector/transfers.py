@@ -8,6 +8,9 @@ the last prompt token itself).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from kvoffload.connector.config import GroupSpec
 from kvoffload.connector.request_state import REUSED_BLOCK, GroupState, RequestState
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import OffloadingManager, PrepareStoreOutput
@@ -114,3 +117,15 @@ def store_transfers(
         GroupTransfer(index, tuple(engine), tuple(host))
         for index, (engine, host) in sorted(by_group.items())
     )
+
+
+def transfer_slots(
+    transfers: Sequence[GroupTransfer], groups: Sequence[GroupSpec]
+) -> tuple[int, ...]:
+    """The host slots whose blocks `transfers` copy, each once, in order."""
+    slots = {
+        block // groups[t.group].blocks_per_chunk
+        for t in transfers
+        for block in t.host_blocks
+    }
+    return tuple(sorted(slots))
