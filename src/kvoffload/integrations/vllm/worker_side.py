@@ -3,7 +3,8 @@
 Per step: finish the jobs the plan fences (before anything writes their blocks),
 start the loads, start the stores once the forward pass has computed their blocks,
 then report finished loads to vLLM (per request) and every job result to the
-scheduler side (worker metadata).
+scheduler side (worker metadata). Loads the plan names stale (planned before a
+reset) are reported failed to vLLM, which recomputes their requests.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class WorkerSide:
         self._loads_started = False
         self._stores_started = False
         self._load_owner: dict[int, str] = {}
+        # Loads submitted before a reset of the scheduler side: reported failed.
+        self._stale_loads: set[int] = set()
         self._results: list[JobResult] = []
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
@@ -80,6 +83,9 @@ class WorkerSide:
     def bind(self, plan: StepPlan) -> None:
         self._plan = plan
         self._loads_started = self._stores_started = False
+        # Those already reported were reported before the reset was known.
+        owners = self._load_owner
+        self._stale_loads.update(j for j in plan.stale_loads if j in owners)
         self._fence()
 
     def clear(self) -> None:
@@ -118,7 +124,10 @@ class WorkerSide:
             if req_id is None:
                 continue
             done.add(req_id)
-            if not result.success:
+            if result.job_id in self._stale_loads:
+                self._stale_loads.discard(result.job_id)
+                failed.add(req_id)
+            elif not result.success:
                 failed.add(req_id)
                 logger.warning(
                     "kvoffload: load for request %s failed; it recomputes", req_id

