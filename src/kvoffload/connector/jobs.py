@@ -30,10 +30,12 @@ class JobRecord:
     num_bytes: int = 0
     seconds: float = 0.0
     ranks_seen: set[int] = field(default_factory=set)
-    engine_blocks: tuple[GroupTransfer, ...] = ()
-    """For stores: the engine blocks the job reads (fenced until it completes)."""
-    slots: tuple[int, ...] = ()
-    """The host slots the job writes (a store) or reads (a load)."""
+    transfers: tuple[GroupTransfer, ...] = ()
+    """What the job copies. A store's engine blocks stay fenced until it
+    completes; after a reset, the host slots of any job stay held."""
+    held_slots: tuple[int, ...] = ()
+    """Set by a reset: the host slots held until the job completes (worked out
+    then, not per job: resets are rare)."""
 
 
 class JobTracker:

@@ -187,7 +187,7 @@ class OffloadConnector:
         fail: bool = False,
     ) -> None:
         record = self._jobs.new(state.req_id, TransferDirection.LOAD, keys)
-        record.slots = transfer_slots(transfers, self.config.groups)
+        record.transfers = transfers
         state.load_job = record.job_id
         self._pending_loads.append(
             TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
@@ -356,8 +356,7 @@ class OffloadConnector:
         for transfer in transfers:
             for block in transfer.engine_blocks:
                 self._readers.setdefault(block, set()).add(record.job_id)
-        record.engine_blocks = transfers
-        record.slots = transfer_slots(transfers, self.config.groups)
+        record.transfers = transfers
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
 
     def _observe_load(self, state: RequestState, start: int, end: int) -> None:
@@ -409,7 +408,7 @@ class OffloadConnector:
         current = self._jobs.is_current(record)
         if not current:
             # Planned before a reset: its slots were held until now, on every rank.
-            self.manager.release_slots(record.slots)
+            self.manager.release_slots(record.held_slots)
         state = self._requests.get(record.request_id)
         if record.direction is TransferDirection.LOAD:
             self._complete_load(record, state, current)
@@ -479,7 +478,7 @@ class OffloadConnector:
         self._unfence(record)
 
     def _unfence(self, record: JobRecord) -> None:
-        for transfer in record.engine_blocks:
+        for transfer in record.transfers:
             for block in transfer.engine_blocks:
                 jobs = self._readers.get(block)
                 if jobs is not None:
@@ -527,7 +526,12 @@ class OffloadConnector:
         self._pending_loads = [
             replace(job, groups=(), fail=True) for job in self._pending_loads
         ]
-        self.manager.reset_cache([slot for record in ended for slot in record.slots])
+        groups = self.config.groups
+        for record in ended:
+            record.held_slots = transfer_slots(record.transfers, groups)
+        self.manager.reset_cache(
+            [slot for record in ended for slot in record.held_slots]
+        )
 
     def on_schedule_end(self) -> None:
         self.manager.on_schedule_end()
