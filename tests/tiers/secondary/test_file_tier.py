@@ -11,6 +11,7 @@ import pytest
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
 from kvoffload.tiers.secondary.file_io import chunk_file_size
+from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import (
     CTX,
     FINGERPRINT,
@@ -25,7 +26,7 @@ FILE_SIZE = chunk_file_size(36, FINGERPRINT, GROUPS[0])
 
 
 def tier_at(
-    path: Path, buffer: ArrayChunkBuffer, capacity: int = 1 << 20, **kw: object
+    path: Path, buffer: ChunkBuffer, capacity: int = 1 << 20, **kw: object
 ) -> FileTier:
     return FileTier(FileTierConfig(str(path), capacity, **kw), buffer, FINGERPRINT)  # type: ignore[arg-type]
 
@@ -282,3 +283,28 @@ def test_start_up_deletes_what_an_interrupted_reset_left(
     wait_until_gone(mine)
     assert theirs.exists()
     tier.shutdown()
+
+
+def test_a_file_naming_a_group_the_host_pool_lacks_is_dropped_at_start(
+    tmp_path: Path,
+) -> None:
+    """Scenario: the directory holds a chunk file whose name decodes to group 7,
+    which the engine's host pool does not have (a stray or hand-copied file).
+    The tier starts, deletes the file as not its own, and serves around it."""
+    geometry = PoolGeometry((GroupGeometry(0, 2, 1024, 2),))
+    pool = HostPool.create(geometry, 4)
+    stray = key(1, group=7)
+    first = tier_at(tmp_path, ArrayChunkBuffer(4, 4096))
+    path = Path(first.chunk_path(stray))
+    first.shutdown()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * FILE_SIZE)
+
+    tier = tier_at(tmp_path, pool)
+    assert not path.exists()
+    assert resolve(tier, stray) is LookupResult.MISS
+    pool.slot_view(0)[:] = payload(key(2), pool.slot_nbytes)
+    assert Jobs(tier).store([key(2)], [0]).success
+    assert resolve(tier, key(2)) is LookupResult.HIT
+    tier.shutdown()
+    pool.close()

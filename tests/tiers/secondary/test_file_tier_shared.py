@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
+from kvoffload.worker import GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import CTX, GROUPS, Jobs, key, payload
 from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at
 
@@ -104,3 +105,26 @@ def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
     assert reader.get_stats().evictions == 0
     for tier in (reader, writer):
         tier.shutdown()
+
+
+def test_a_rescan_passes_over_a_file_naming_a_group_the_host_pool_lacks(
+    tmp_path: Path,
+) -> None:
+    """Scenario: beside a good chunk another engine wrote, the shared directory
+    gets a file whose name decodes to group 7, which this engine's host pool
+    does not have. Rescans on the scheduler thread pass over it (it is not this
+    layout's) and still find the good chunk."""
+    pool = HostPool.create(PoolGeometry((GroupGeometry(0, 2, 1024, 2),)), 4)
+    reader = tier_at(tmp_path, pool, rescan_interval_s=RESCAN_S)
+    writer_buffer = ArrayChunkBuffer(16, 4096)
+    writer = tier_at(tmp_path, writer_buffer)
+    stray = Path(writer.chunk_path(key(1, group=7)))
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"\0" * FILE_SIZE)
+    store(writer, writer_buffer, [2])
+
+    wait_for_hit(reader, [2])
+    assert reader.lookup(key(1, group=7), CTX) is LookupResult.MISS
+    for tier in (reader, writer):
+        tier.shutdown()
+    pool.close()

@@ -106,9 +106,12 @@ class FileTier(SecondaryTier):
         return self._files.path(key)
 
     def _payload_len(self, key: OffloadKey) -> int | None:
+        """The payload size of `key`'s group, or `None` for a group the buffer
+        lacks (a file found on disk may name any): buffers say so with
+        `ValueError`, `IndexError` or `KeyError` (the host pool's geometry)."""
         try:
             return self._buffer.chunk_nbytes(offload_key_group(key))
-        except (ValueError, IndexError):
+        except (ValueError, LookupError):
             return None
 
     def _has_expected_size(self, scanned: ScannedFile) -> bool:
