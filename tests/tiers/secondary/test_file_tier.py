@@ -308,3 +308,17 @@ def test_a_file_naming_a_group_the_host_pool_lacks_is_dropped_at_start(
     assert resolve(tier, key(2)) is LookupResult.HIT
     tier.shutdown()
     pool.close()
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_path_that_cannot_be_a_directory_is_a_start_up_error(
+    tmp_path: Path, buffer: ArrayChunkBuffer, where: str
+) -> None:
+    """Scenario: `path` names a regular file (or a place inside one): the tier
+    refuses to start with an error naming the setting and its value, instead
+    of an OSError from deep inside, or failing every store later."""
+    regular = tmp_path / "not-a-dir"
+    regular.write_bytes(b"x")
+    path = regular if where == "a file" else regular / "kv"
+    with pytest.raises(ValueError, match=rf"path: '{path}' is not usable .* directory"):
+        tier_at(path, buffer)

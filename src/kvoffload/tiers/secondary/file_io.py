@@ -193,6 +193,17 @@ class ChunkFiles:
         )
         self._pages = _HeaderPages()
 
+    def check_writable(self) -> None:
+        """Create and remove a file in the directory; raises the `OSError` of a
+        directory this process cannot write (read-only, no permission). Named
+        as a temporary file, so a process killed here leaves nothing the next
+        start does not remove."""
+        probe = os.path.join(
+            self.directory, f".probe.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+        )
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644))
+        os.unlink(probe)
+
     @property
     def direct(self) -> bool:
         """Whether aligned payloads still use direct I/O."""

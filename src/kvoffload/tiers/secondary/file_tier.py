@@ -78,7 +78,16 @@ class FileTier(SecondaryTier):
                 "bytes cannot hold one chunk file of this model and layout; "
                 f"expected at least {largest} bytes"
             )
-        self._files = ChunkFiles(config.path, fingerprint, config.fsync)
+        try:
+            self._files = ChunkFiles(config.path, fingerprint, config.fsync)
+            self._files.check_writable()
+        except OSError as exc:
+            # Every store would fail: a setting to fix before serving.
+            raise ValueError(
+                f"file tier {config.name!r}: path: {config.path!r} is not usable "
+                f"({exc}); expected a directory this process can create and "
+                "write files in"
+            ) from exc
         self._files.remove_leftovers()
         self._capacity_chunks = config.capacity_bytes // largest
         self._index = FileIndex(
