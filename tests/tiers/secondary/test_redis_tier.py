@@ -223,3 +223,25 @@ def test_reset_while_the_server_is_unresponsive_is_retried(
     stored(tier, buffer, 3)
     assert resolve(tier, key(3)) is LookupResult.HIT
     tier.shutdown()
+
+
+def test_a_client_that_fails_outside_redis_errors_gives_misses_not_endless_retries(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: an option value redis-py accepts but cannot use (keep-alive
+    options of the wrong type) makes every connection attempt raise TypeError,
+    not a Redis error. Lookups still settle as misses, the tier backs off as
+    for a server that is down, and nothing stays pending (an engine would
+    otherwise keep stepping for it); a reset gives up the same way."""
+    options = {"socket_keepalive": True, "socket_keepalive_options": {"x": 1}}
+    tier = RedisTier(RedisTierConfig(redis_url, options=options), buffer, "m")
+    assert tier.lookup(key(1), CTX) is LookupResult.RETRY
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert not tier.connected
+    tier.drain()
+    assert not tier.has_pending_work()
+    tier.reset_cache()
+    tier.drain()
+    tier.on_schedule_end()
+    assert not tier.has_pending_work()
+    tier.shutdown()

@@ -285,7 +285,7 @@ class RedisTier(SecondaryTier):
     # -- on I/O threads ----------------------------------------------------------
 
     def _exists(self, keys: list[OffloadKey]) -> None:
-        present: list[bool] | None
+        present: list[bool] | None = None
         try:
             pipe = self._link.client.pipeline(transaction=False)
             for key in keys:
@@ -294,7 +294,8 @@ class RedisTier(SecondaryTier):
             self._link.succeeded()
         except REDIS_ERRORS as exc:
             self._link.failed(exc)
-            present = None
+        except Exception as exc:  # thread root: the answer must still arrive
+            self._client_broke("EXISTS batch", exc)
         with self._answers_lock:
             self._answers.append((keys, present))
 
@@ -398,8 +399,18 @@ class RedisTier(SecondaryTier):
             self._link.succeeded()
         except REDIS_ERRORS as exc:
             self._link.failed(exc)
+        except Exception as exc:  # thread root: the outcome must still arrive
+            self._client_broke("reset", exc)
         with self._answers_lock:
             self._cleared.append(([], done))
+
+    def _client_broke(self, what: str, exc: Exception) -> None:
+        """A call failed with something other than a Redis error (an option
+        redis-py takes but cannot use, say): logged with its traceback, and
+        the server treated as down, so that lookups miss and nothing waits
+        on an answer that would never come."""
+        logger.error("%s: %s failed unexpectedly", self.name, what, exc_info=exc)
+        self._link.failed(exc)
 
     def _report_removed(self, keys: list[OffloadKey]) -> None:
         with self._answers_lock:
