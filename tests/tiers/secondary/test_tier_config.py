@@ -104,6 +104,10 @@ def test_missing_required_key_is_a_value_error() -> None:
             {"options": {"cluster_error_retry_attempts": 3}},
             r"options: \['cluster_error_retry_attempts'\] are set by the tier",
         ),
+        (
+            {"options": {"passwrd": "secret"}},
+            r"options: 'passwrd' is not an option of redis-py's client.*'password'",
+        ),
     ],
 )
 def test_redis_config_errors(overrides: dict[str, object], message: str) -> None:

@@ -96,6 +96,15 @@ def _offload_policy(value: object) -> OffloadPolicy:
         ) from None
 
 
+def _check_redis_option_names(options: Mapping[str, Any]) -> None:
+    """A misspelt option fails here, at start-up, not on every call later."""
+    try:
+        from kvoffload.tiers.secondary.redis_link import check_option_names
+    except ImportError:  # no redis-py: the tier cannot be made anyway
+        return
+    check_option_names(options)
+
+
 def _check_eviction_policy(value: object) -> None:
     get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
 
@@ -239,6 +248,7 @@ class RedisTierConfig:
                 f"options: {clash} are set by the tier (use timeout_s); "
                 f"not allowed: {sorted(_REDIS_OWNED_OPTIONS)}"
             )
+        _check_redis_option_names(self.options)
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     @classmethod

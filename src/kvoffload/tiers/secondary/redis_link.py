@@ -9,10 +9,16 @@ backoff, failure doubles it.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import logging
 import threading
+from collections.abc import Iterable
+from typing import Any
 
 import redis
+import redis.connection
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
@@ -28,6 +34,49 @@ logger = logging.getLogger(__name__)
 # What a failed call raises. RedisClusterException (a cluster that cannot be
 # reached, a slot no node serves) is not a RedisError.
 REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+# Taken by the tier itself, not by redis-py (see `_master_through_sentinels`).
+_OWN_OPTIONS = frozenset({"sentinel_kwargs"})
+
+
+@functools.cache
+def client_option_names() -> frozenset[str]:
+    """The keyword arguments redis-py's clients, pool and connections take, in
+    the installed version: the names `options` may use. redis-py hands unknown
+    ones to each new connection, which raises TypeError on every call."""
+    conn = redis.connection
+    takers: list[Any] = [redis.Redis, RedisCluster, conn.ConnectionPool]
+    takers += [
+        getattr(conn, name)
+        for name in (
+            "AbstractConnection",
+            "Connection",
+            "SSLConnection",
+            "UnixDomainSocketConnection",
+        )
+        if hasattr(conn, name)
+    ]
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = {
+        p.name
+        for taker in takers
+        for p in inspect.signature(taker.__init__).parameters.values()
+        if p.kind in named
+    }
+    return frozenset(names - {"self"}) | _OWN_OPTIONS
+
+
+def check_option_names(names: Iterable[str]) -> None:
+    """`ValueError` naming the first of `names` redis-py does not take."""
+    known = client_option_names()
+    for name in sorted(names):
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"options: {name!r} is not an option of redis-py's client "
+                f"(redis.Redis, RedisCluster or their connections){hint}"
+            )
 
 
 class RedisLink:
