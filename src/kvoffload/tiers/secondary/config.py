@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from kvoffload.config import parse_size
-from kvoffload.config.request_params import LOCALITIES
+from kvoffload.config.request_params import LOCALITIES, MEDIA
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
 from kvoffload.tiers.secondary.base import Locality
@@ -61,8 +61,23 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
 
 
 def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name or name in ("cpu",):
-        raise ValueError(f"name: {name!r} must be a non-empty string other than 'cpu'")
+    """A name `kv_load_tiers`/`kv_store_tiers` can select, and select alone:
+    entries are also media and localities, `medium:locality`, and a string of
+    them is split at commas and stripped."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in MEDIA
+        or name in LOCALITIES
+        or ":" in name
+        or "," in name
+        or name != name.strip()
+    ):
+        raise ValueError(
+            f"name: {name!r} must be a non-empty string other than a medium "
+            f"{MEDIA} or locality {LOCALITIES}, without ':' or ',' and without "
+            "spaces at its ends"
+        )
 
 
 def _check_int(value: object, field_name: str, minimum: int) -> None:
