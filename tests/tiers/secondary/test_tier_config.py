@@ -64,6 +64,7 @@ def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
         ({"path": ""}, r"path: '' must be"),
         ({"rescan_interval_s": -1}, r"rescan_interval_s: -1 must be a positive"),
         ({"rescan_interval_s": "5s"}, r"rescan_interval_s: '5s' must be a positive"),
+        ({"rescan_interval_s": False}, r"rescan_interval_s: False must be a positive"),
     ],
 )
 def test_file_config_errors_name_field_value_and_what_is_allowed(

@@ -159,7 +159,8 @@ class FileTierConfig:
         _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
         if not isinstance(self.fsync, bool):
             raise ValueError(f"fsync: {self.fsync!r} must be true or false")
-        if self.rescan_interval_s != 0:
+        # False == 0: a bool is checked (and refused) like any other value.
+        if self.rescan_interval_s != 0 or isinstance(self.rescan_interval_s, bool):
             _check_seconds(self.rescan_interval_s, "rescan_interval_s")
 
     @classmethod
