@@ -71,6 +71,10 @@ def test_bad_tier_selector_warns_and_allows_all(
         ("64GiB", 64 * 2**30),
         ("1.5 KiB", 1536),
         ("2mb", 2 * 10**6),
+        # Exact, not through a float: no rounding, no overflow to infinity.
+        ("18446744073709551617", 2**64 + 1),
+        ("1" + "0" * 400 + "B", 10**400),
+        ("0.1TiB", 2**40 // 10),
     ],
 )
 def test_parse_size(value: object, expected: int) -> None:

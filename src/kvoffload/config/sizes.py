@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _UNITS = {
     "": 1,
@@ -37,5 +38,6 @@ def parse_size(value: object, field: str) -> int:
             number, unit = match.groups()
             factor = _UNITS.get(unit.lower())
             if factor is not None:
-                return int(float(number) * factor)
+                # Exact: a float would round large sizes and overflow huge ones.
+                return int(Fraction(number) * factor)
     raise ValueError(f"{field}: cannot parse {value!r} as a size; expected {allowed}")
