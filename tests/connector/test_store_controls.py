@@ -53,6 +53,24 @@ def test_max_offload_tokens(
         assert "req-x" in warnings[0] and repr(value) in warnings[0]
 
 
+@pytest.mark.parametrize("params", ["max_offload_tokens=12", ["max_offload_tokens"]])
+def test_kv_transfer_params_that_are_not_a_mapping_warn_once_and_are_ignored(
+    params: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scenario: an engine passes a request's kv_transfer_params as a string
+    or a list. The request is served and stored as if it had none, with one
+    warning naming it and the value."""
+    h = Harness()
+    req = h.request("req-y", h.tokens(5 * CHUNK))
+    req.kv_transfer_params = params  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING):
+        h.run(req)
+    assert len(h.manager.stored) == 5
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "req-y" in warnings[0] and repr(params) in warnings[0]
+
+
 @pytest.mark.parametrize(("prompt_only", "expected"), [(True, 2), (False, 6)])
 def test_offload_prompt_only(
     async_scheduling: bool, prompt_only: bool, expected: int

@@ -57,11 +57,22 @@ class RequestParams:
     def parse(
         cls,
         req_id: str,
-        params: Mapping[str, Any] | None,
+        params: object,
         tier_names: Collection[str] | None = None,
     ) -> RequestParams:
-        """`tier_names`: the names `kv_load_tiers`/`kv_store_tiers` may give (any
-        name is taken when `None`); other names are warned about and ignored."""
+        """`params`: the request's `kv_transfer_params`, a mapping or `None`;
+        anything else is warned about and ignored as a whole. `tier_names`: the
+        names `kv_load_tiers`/`kv_store_tiers` may give (any name is taken when
+        `None`); other names are warned about and ignored."""
+        if params is None:
+            return cls()
+        if not isinstance(params, Mapping):
+            logger.warning(
+                "request %s: ignoring kv_transfer_params=%r (expected a mapping)",
+                req_id,
+                params,
+            )
+            return cls()
         if not params:
             return cls()
         return cls(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from kvoffload.keys import OffloadKey
 from kvoffload.worker.base import TransferJob
@@ -29,7 +29,10 @@ class RequestInfo(Protocol):
     def request_id(self) -> str: ...
 
     @property
-    def kv_transfer_params(self) -> Mapping[str, Any] | None: ...
+    def kv_transfer_params(self) -> object:
+        """As the request carries them: a mapping or `None`. Anything else is
+        warned about and ignored, never a failed request."""
+        ...
 
     @property
     def num_prompt_tokens(self) -> int: ...

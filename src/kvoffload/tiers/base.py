@@ -71,13 +71,15 @@ class ReqContext:
     def create(
         cls,
         req_id: str,
-        kv_transfer_params: Mapping[str, Any] | None = None,
+        kv_transfer_params: object = None,
         tier_names: Collection[str] | None = None,
     ) -> ReqContext:
-        """Parse `kv_transfer_params` once (warning on bad values); `tier_names`
-        are the tiers a request may name (see `OffloadingManager.tier_names`)."""
+        """Parse `kv_transfer_params` once (warning on bad values, and on a
+        value that is not a mapping, which is dropped); `tier_names` are the
+        tiers a request may name (see `OffloadingManager.tier_names`)."""
         params = RequestParams.parse(req_id, kv_transfer_params, tier_names)
-        return cls(req_id, kv_transfer_params, params)
+        kept = kv_transfer_params if isinstance(kv_transfer_params, Mapping) else None
+        return cls(req_id, kept, params)
 
 
 class PrefixLookup(NamedTuple):

@@ -9,7 +9,7 @@ enter the blocks they overlap. Hashes are extended lazily as tokens are generate
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvoffload.integrations.vllm.lora_identity import LoraIdentities
@@ -51,9 +51,9 @@ class VllmRequestView:
         return str(self._request.request_id)
 
     @property
-    def kv_transfer_params(self) -> Mapping[str, Any] | None:
-        params = self._request.kv_transfer_params
-        return params if isinstance(params, Mapping) else None
+    def kv_transfer_params(self) -> object:
+        # As sent: the connector warns about a value that is not a mapping.
+        return self._request.kv_transfer_params
 
     @property
     def num_prompt_tokens(self) -> int:
