@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvoffload.policies import policy_names
-from kvoffload.replay.cli import add_replay_arguments, replay_main
+from kvoffload.replay.cli import add_replay_arguments, run_cli
 
 # The reference table's capacities (512-token chunks) for the bundled trace.
 TRACE_CAPACITIES = [1000, 2000, 5859, 10000, 20000, 50000]
@@ -47,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         replay_args = replay.parse_args(_demo_argv(args))
-        return replay_main(replay_args)
-    return replay_main(args)
+        return run_cli(demo, replay_args)
+    return run_cli(replay, args)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,11 @@ def test_cli_report_dir_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert (out / "hit_ratio.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_rejects_a_chunk_size_that_is_not_a_block_multiple(tmp_path: Path) -> None:
+def test_cli_rejects_a_chunk_size_that_is_not_a_block_multiple(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = _write_trace(tmp_path / "t.jsonl")
-    with pytest.raises(ValueError, match="chunk-tokens"):
+    with pytest.raises(SystemExit) as stopped:
         kvoffload_main(["replay", str(trace), "--chunk-tokens", "100", "--jobs", "1"])
+    assert stopped.value.code == 2
+    assert "--chunk-tokens 100 must be a positive multiple" in capsys.readouterr().err

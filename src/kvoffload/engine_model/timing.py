@@ -10,12 +10,14 @@ GPU with a PCIe 5 host link; override them to describe yours.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class TimeModel:
-    """Seconds per unit of engine work; all fields must be >= 0."""
+    """Seconds per unit of engine work; all fields must be finite and >= 0, and
+    the link's bandwidth > 0 (NaN would keep a replay's clock from advancing)."""
 
     prefill_s_per_token: float = 6.0e-5
     attention_s_per_token_context: float = 1.3e-9
@@ -28,8 +30,11 @@ class TimeModel:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.transfer_bytes_per_s == 0:
+            raise ValueError("transfer_bytes_per_s must be > 0, got 0")
 
     def prefill_seconds(self, num_tokens: int, context_start: int) -> float:
         """Computing `num_tokens` prompt tokens after `context_start` cached ones."""

@@ -19,6 +19,14 @@ from rich.table import Table
 from kvoffload.engine_model import TimeModel
 from kvoffload.policies import policy_names
 from kvoffload.replay import report
+from kvoffload.replay.cli_types import (
+    non_negative_float,
+    non_negative_int,
+    policy_name,
+    positive_float,
+    positive_int,
+    time_scale,
+)
 from kvoffload.replay.generators import (
     ChatAgentsSpec,
     ReasoningSpec,
@@ -44,31 +52,38 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         action="append",
+        type=policy_name,
         help="eviction policy (repeat; 'all' = every registered one)",
     )
     parser.add_argument(
         "--list-policies", action="store_true", help="print the policy names and exit"
     )
     parser.add_argument(
-        "--capacity-chunks", type=int, nargs="+", help="host tier capacities in chunks"
+        "--capacity-chunks",
+        type=positive_int,
+        nargs="+",
+        help="host tier capacities in chunks",
     )
     parser.add_argument(
-        "--capacity-tokens", type=int, nargs="+", help="host tier capacities in tokens"
+        "--capacity-tokens",
+        type=positive_int,
+        nargs="+",
+        help="host tier capacities in tokens",
     )
     parser.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=positive_int,
         help="tokens per chunk (512 for Mooncake traces and synth-* workloads)",
     )
     parser.add_argument(
         "--device-tokens",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="device prefix cache size in tokens (0 = none)",
     )
     parser.add_argument(
         "--store-threshold",
-        type=int,
+        type=non_negative_int,
         nargs="+",
         default=[0],
         help="reuse-filter threshold(s)",
@@ -94,7 +109,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="write results.jsonl, table.txt and hit_ratio.png here",
     )
-    parser.add_argument("--limit", type=int, help="replay only the first N requests")
+    parser.add_argument(
+        "--limit", type=positive_int, help="replay only the first N requests"
+    )
     parser.add_argument(
         "--partial-block",
         choices=("pad", "drop"),
@@ -103,24 +120,47 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-scale",
+        type=time_scale,
         default="auto",
         help="stretch arrival times by this factor; 'auto' keeps the modeled engine "
         "at --target-load of its prefill capacity",
     )
-    parser.add_argument("--target-load", type=float, default=DEFAULT_TARGET_LOAD)
     parser.add_argument(
-        "--prefill-us-per-token", type=float, help="engine prefill time per token (µs)"
-    )
-    parser.add_argument("--decode-ms", type=float, help="engine decode step time (ms)")
-    parser.add_argument(
-        "--link-gbps", type=float, help="device<->host bandwidth (GB/s)"
+        "--target-load", type=positive_float, default=DEFAULT_TARGET_LOAD
     )
     parser.add_argument(
-        "--kv-bytes-per-token", type=int, help="KV bytes per token (all layers)"
+        "--prefill-us-per-token",
+        type=non_negative_float,
+        help="engine prefill time per token (µs)",
     )
     parser.add_argument(
-        "--jobs", type=int, help="parallel replay processes (default: CPU count)"
+        "--decode-ms", type=non_negative_float, help="engine decode step time (ms)"
     )
+    parser.add_argument(
+        "--link-gbps", type=positive_float, help="device<->host bandwidth (GB/s)"
+    )
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=positive_int,
+        help="KV bytes per token (all layers)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        help="parallel replay processes (default: CPU count)",
+    )
+
+
+def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`replay_main`, with bad input (options that conflict, a trace that cannot
+    be read or parsed, settings the replay refuses, a report directory that
+    cannot be written) reported by `parser` as a usage error, not a traceback."""
+    if args.trace and args.workload:
+        parser.error("give a trace or --workload, not both")
+    try:
+        return replay_main(args)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
 
 
 def _time_model(args: argparse.Namespace) -> TimeModel:
@@ -289,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvoffload replay", description=__doc__)
     add_replay_arguments(parser)
     args = parser.parse_args(argv)
-    return replay_main(args)
+    return run_cli(parser, args)
 
 
 if __name__ == "__main__":
