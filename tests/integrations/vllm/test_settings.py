@@ -61,6 +61,24 @@ def test_a_bad_value_names_the_key_and_the_value(
         parse(**extra)
 
 
+@pytest.mark.parametrize(
+    ("tiers", "message"),
+    [
+        ({"type": "redis", "url": "redis://:s3cret@cache"}, "a value of type dict"),
+        ("redis://:s3cret@cache", r"'redis://:\*\*\*@cache' is not a list"),
+        (["redis://:s3cret@cache"], r"\[0\]: .*'redis://:\*\*\*@cache'"),
+    ],
+)
+def test_secondary_tiers_errors_do_not_show_a_redis_password(
+    tiers: object, message: str
+) -> None:
+    """Scenario: the tier's mapping, or its URL alone, given where the list of
+    tiers or a tier belongs."""
+    with pytest.raises(ValueError, match=message) as caught:
+        parse(secondary_tiers=tiers)
+    assert "s3" not in str(caught.value)
+
+
 def test_host_memory_is_required() -> None:
     with pytest.raises(ValueError, match=r"\['cpu_bytes_to_use'\] is required"):
         KVOffloadSettings.from_extra_config({})

@@ -113,9 +113,15 @@ def test_an_unreachable_cluster_at_start_up_gives_misses(
     tier.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://cache:notaport", r"url: 'redis://cache:notaport': the port"),
+        ("redis://cache:6379?db=x", r"Invalid value for 'db'"),  # from redis-py
+    ],
+)
 def test_a_malformed_cluster_url_still_stops_start_up(
-    buffer: ArrayChunkBuffer,
+    buffer: ArrayChunkBuffer, url: str, message: str
 ) -> None:
-    config = RedisTierConfig("redis://cache:notaport", cluster=True)
-    with pytest.raises(ValueError, match="notaport"):
-        RedisTier(config, buffer, "m")
+    with pytest.raises(ValueError, match=message):
+        RedisTier(RedisTierConfig(url, cluster=True), buffer, "m")

@@ -52,6 +52,36 @@ def test_a_bad_sentinel_url_stops_start_up(url: str, message: str) -> None:
         RedisTierConfig(url)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://app:s3cret@s1/cache", r"'redis://app:\*\*\*@s1/cache' must start"),
+        ("redis+sentinel://app:s3cret@s1/cache/x", r"app:\*\*\*@s1/cache/x'"),
+        # A '/' in the password ends what looks like the host list.
+        (
+            "redis+sentinel://app:s3/cret@s1/cache",
+            r"'redis\+sentinel://app:\*\*\*@s1/cache': a '/' in the password",
+        ),
+    ],
+)
+def test_sentinel_url_errors_do_not_show_the_password(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        parse_sentinel_url(url)
+    assert "s3" not in str(caught.value)
+
+
+def test_sentinel_kwargs_that_are_not_a_mapping_are_named_by_type_only(
+    buffer: ArrayChunkBuffer,
+) -> None:
+    config = RedisTierConfig(
+        "redis+sentinel://s1/cache",
+        options={"sentinel_kwargs": [("password", "s3cret")]},
+    )
+    with pytest.raises(ValueError, match="sentinel_kwargs is a list") as caught:
+        RedisTier(config, buffer, "m")
+    assert "s3" not in str(caught.value)
+
+
 def test_cluster_and_sentinels_do_not_mix() -> None:
     with pytest.raises(ValueError, match="not reached through sentinels"):
         RedisTierConfig("redis+sentinel://s1/cache", cluster=True)

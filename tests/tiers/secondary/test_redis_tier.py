@@ -3,6 +3,7 @@ removed events of failed loads."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -87,6 +88,19 @@ def test_unreachable_server_gives_misses_and_drops_then_backs_off(
     clock.now += 0.6
     assert tier.lookup(key(1), CTX) is LookupResult.RETRY
     tier.shutdown()
+
+
+def test_the_unreachable_server_warning_does_not_show_the_password(
+    buffer: ArrayChunkBuffer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = closed_port_url().replace("redis://", "redis://app:s3cret@")
+    tier = RedisTier(RedisTierConfig(url, timeout_s=0.2), buffer, "m", Clock())
+    with caplog.at_level(logging.WARNING):
+        assert resolve(tier, key(1)) is LookupResult.MISS
+    tier.shutdown()
+    redacted = url.replace("s3cret", "***")
+    assert any(redacted in r.getMessage() for r in caplog.records)
+    assert not any("s3cret" in r.getMessage() for r in caplog.records)
 
 
 def test_absent_value_on_load_fails_and_is_remembered_as_absent(

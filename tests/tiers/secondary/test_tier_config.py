@@ -121,6 +121,46 @@ def test_redis_config_errors(overrides: dict[str, object], message: str) -> None
         RedisTierConfig(**{"url": "redis://localhost", **overrides})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        (
+            {"url": "http://app:s3cret@cache:6379/0"},
+            r"url: 'http://app:\*\*\*@cache:6379/0' must start with one of",
+        ),
+        # An unescaped '/' in the password: redis-py would quote part of it as
+        # the port.
+        (
+            {"url": "redis://app:s3/cret@cache:6379/0"},
+            r"url: 'redis://app:\*\*\*@cache:6379/0': the port is not a number.*"
+            "percent-encode",
+        ),
+        (
+            {"url": "redis+sentinel://app:s3cret@s1:0/cache"},
+            r"url: 'redis\+sentinel://app:\*\*\*@s1:0/cache': 's1:0' is not",
+        ),
+        ({"url": {"password": "s3cret"}}, r"url: a value of type dict is not a"),
+        ({"options": {"password": "s3cret", 1: 2}}, r"options: keys \[1\] are not"),
+        ({"options": [("password", "s3cret")]}, r"options: a value of type list"),
+    ],
+)
+def test_redis_config_errors_do_not_show_the_password(
+    mapping: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        RedisTierConfig.from_mapping({"type": "redis", "url": "redis://x", **mapping})
+    assert "s3" not in str(caught.value)
+
+
+def test_a_redis_url_given_for_a_tier_mapping_does_not_show_its_password() -> None:
+    with pytest.raises(ValueError, match=r"'redis://:\*\*\*@cache' is not a mapping"):
+        create_secondary_tier(
+            "redis://:s3cret@cache",  # type: ignore[arg-type]
+            ArrayChunkBuffer(2, 64),
+            FINGERPRINT,
+        )
+
+
 def test_redis_config_passes_options_through_and_parses_sizes() -> None:
     config = RedisTierConfig.from_mapping(
         {

@@ -16,6 +16,7 @@ from kvoffload.config import parse_size
 from kvoffload.connector.config import is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
 from kvoffload.tiers.secondary import parse_tier_config
+from kvoffload.tiers.secondary.redis_url import shown_value
 
 KEYS: dict[str, str] = {
     "cpu_bytes_to_use": "host memory for the primary tier: bytes, or a size like '64GiB' (required)",
@@ -110,7 +111,8 @@ class KVOffloadSettings:
         tiers = extra.get("secondary_tiers", [])
         if not isinstance(tiers, Sequence) or isinstance(tiers, str | bytes):
             raise ValueError(
-                f"kv_connector_extra_config['secondary_tiers']: {tiers!r} is not a list of tier configs"
+                "kv_connector_extra_config['secondary_tiers']: "
+                f"{shown_value(tiers)} is not a list of tier configs"
             )
         for i, tier in enumerate(tiers):
             try:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from kvoffload.config import parse_size
 from kvoffload.config.request_params import LOCALITIES, MEDIA
@@ -24,6 +25,7 @@ from kvoffload.tiers.secondary.redis_sentinel import (
     is_sentinel_url,
     parse_sentinel_url,
 )
+from kvoffload.tiers.secondary.redis_url import shown_value
 
 C = TypeVar("C")
 
@@ -108,6 +110,28 @@ def _offload_policy(value: object) -> OffloadPolicy:
         raise ValueError(
             f"offload_policy: {value!r} must be one of "
             "'chunk_level' (alias 'block_level') or 'request_level'"
+        ) from None
+
+
+def _check_redis_url(url: object) -> None:
+    """A URL redis-py (or `parse_sentinel_url`) can parse, named in errors
+    without its password. The port is checked here because redis-py's error
+    for a bad one quotes what it took for the port: part of the password when
+    that holds an unescaped `/`, `?` or `#`."""
+    if not isinstance(url, str):
+        raise ValueError(f"url: {shown_value(url)} is not a string")
+    if not url.startswith(_REDIS_SCHEMES):
+        raise ValueError(
+            f"url: {shown_value(url)} must start with one of {_REDIS_SCHEMES}"
+        )
+    if is_sentinel_url(url):
+        return
+    try:
+        _ = urlsplit(url).port  # ValueError if it is not a port number
+    except ValueError:
+        hint = "; percent-encode '/', '?' and '#' in the password" if "@" in url else ""
+        raise ValueError(
+            f"url: {shown_value(url)}: the port is not a number from 0 to 65535{hint}"
         ) from None
 
 
@@ -211,10 +235,7 @@ class RedisTierConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(_REDIS_SCHEMES):
-            raise ValueError(
-                f"url: {self.url!r} must start with one of {_REDIS_SCHEMES}"
-            )
+        _check_redis_url(self.url)
         _check_name(self.name)
         for name in ("timeout_s", "hit_cache_s", "miss_cache_s"):
             _check_seconds(getattr(self, name), name)
@@ -252,12 +273,15 @@ class RedisTierConfig:
             raise ValueError(
                 "cluster: a Redis Cluster is reached over TCP, not unix://"
             )
-        if not isinstance(self.options, Mapping) or not all(
-            isinstance(k, str) for k in self.options
-        ):
-            raise ValueError(
-                f"options: {self.options!r} must map option names to values"
+        if not isinstance(self.options, Mapping):
+            raise ValueError(  # the type only: the value may hold a password
+                f"options: a value of type {type(self.options).__name__} is not "
+                "a mapping of option names to values"
             )
+        # The keys only: the values may hold a password.
+        not_names = [k for k in self.options if not isinstance(k, str)]
+        if not_names:
+            raise ValueError(f"options: keys {not_names!r} are not option names")
         clash = sorted(_REDIS_OWNED_OPTIONS.intersection(self.options))
         if clash:
             raise ValueError(

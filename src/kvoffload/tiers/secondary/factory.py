@@ -12,6 +12,7 @@ from kvoffload.tiers.secondary.config import (
     MemoryTierConfig,
     RedisTierConfig,
 )
+from kvoffload.tiers.secondary.redis_url import shown_value
 from kvoffload.worker import ChunkBuffer
 
 TIER_TYPES = ("file", "memory", "redis")
@@ -27,7 +28,7 @@ def parse_tier_config(
 ) -> FileTierConfig | MemoryTierConfig | RedisTierConfig:
     """Validate a tier's mapping without creating the tier (start-up checks)."""
     if not isinstance(mapping, Mapping):
-        raise ValueError(f"secondary tier: {mapping!r} must be a mapping with a 'type'")
+        raise _not_a_mapping(mapping)
     config_cls = _CONFIGS.get(mapping.get("type"))  # type: ignore[arg-type]
     if config_cls is None:
         raise ValueError(
@@ -49,7 +50,7 @@ def create_secondary_tier(
     `make_fingerprint`) names the model and layout whose chunks it holds.
     """
     if not isinstance(mapping, Mapping):
-        raise ValueError(f"secondary tier: {mapping!r} must be a mapping with a 'type'")
+        raise _not_a_mapping(mapping)
     tier_type = mapping.get("type")
     if tier_type == "file":
         from kvoffload.tiers.secondary.file_tier import FileTier
@@ -67,6 +68,14 @@ def create_secondary_tier(
         return MemoryTier(MemoryTierConfig.from_mapping(mapping), buffer)
     raise ValueError(
         f"type: {tier_type!r} is not a secondary tier type; expected one of {TIER_TYPES}"
+    )
+
+
+def _not_a_mapping(value: object) -> ValueError:
+    # Not the value as it is: a Redis URL given where its tier's mapping
+    # belongs would show its password.
+    return ValueError(
+        f"secondary tier: {shown_value(value)} is not a mapping with a 'type'"
     )
 
 

@@ -28,6 +28,7 @@ from redis.sentinel import Sentinel
 from kvoffload.tiers.secondary.base import Clock
 from kvoffload.tiers.secondary.config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_sentinel import is_sentinel_url, parse_sentinel_url
+from kvoffload.tiers.secondary.redis_url import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class RedisLink:
             logger.warning(
                 "redis tier %s: %s: %s; lookups miss and stores drop for %.1fs",
                 self._config.name,
-                self._config.url.split("@")[-1],
+                redact_url(self._config.url),
                 exc,
                 self._backoff,
             )
@@ -185,7 +186,10 @@ def _master_through_sentinels(
     master = {**kwargs, **address.master_kwargs()}
     own = master.pop("sentinel_kwargs", None) or {}
     if not isinstance(own, dict):
-        raise ValueError(f"options: sentinel_kwargs {own!r} must be a mapping")
+        raise ValueError(
+            f"options: sentinel_kwargs is a {type(own).__name__}; expected a "
+            "mapping of the sentinels' connection settings"
+        )
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
         list(address.sentinels),
         sentinel_kwargs={

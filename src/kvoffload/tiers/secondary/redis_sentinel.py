@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from kvoffload.tiers.secondary.redis_url import redact_url
+
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 DEFAULT_SENTINEL_PORT = 26379
 
@@ -49,23 +51,34 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
     `ValueError` saying what is wrong otherwise."""
     scheme, sep, rest = url.partition("://")
     if not sep or f"{scheme}://" not in SENTINEL_SCHEMES:
-        raise ValueError(f"url: {url!r} must start with one of {SENTINEL_SCHEMES}")
+        raise ValueError(
+            f"url: {redact_url(url)!r} must start with one of {SENTINEL_SCHEMES}"
+        )
     netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     if not at:
         hosts, userinfo = netloc, ""
-    sentinels = tuple(_host_port(part, url) for part in hosts.split(","))
+    try:
+        sentinels = tuple(_host_port(part, url) for part in hosts.split(","))
+    except ValueError:
+        if at or "@" not in path:
+            raise
+        # The password holds a '/': what was taken for hosts is part of it.
+        raise ValueError(
+            f"url: {redact_url(url)!r}: a '/' in the password must be "
+            "percent-encoded as %2F"
+        ) from None
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2:
         raise ValueError(
-            f"url: {_redacted(url)!r} must end in /service or /service/db "
+            f"url: {redact_url(url)!r} must end in /service or /service/db "
             "(the name the sentinels monitor)"
         )
     db = 0
     if len(parts) == 2:
         if not parts[1].isdigit():
             raise ValueError(
-                f"url: {_redacted(url)!r}: db {parts[1]!r} is not a number"
+                f"url: {redact_url(url)!r}: db {parts[1]!r} is not a number"
             )
         db = int(parts[1])
     username: str | None = None
@@ -90,13 +103,6 @@ def _host_port(part: str, url: str) -> tuple[str, int]:
         host, port = part, str(DEFAULT_SENTINEL_PORT)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
-            f"url: {_redacted(url)!r}: {part!r} is not a sentinel host:port"
+            f"url: {redact_url(url)!r}: {part!r} is not a sentinel host:port"
         )
     return host, int(port)
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, tail = rest.partition("@")
-    return f"{scheme}{sep}***@{tail}" if at and "/" not in userinfo else url
