@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from kvoffload.worker.geometry import GroupGeometry, PoolGeometry
 from kvoffload.worker.host_pool import HostPool
 from kvoffload.worker.layout import GroupSpec, describe_kv_caches
 
-from .kv_layouts import GROUPS, LAYOUTS, block_bytes, make_caches
+from .kv_layouts import GROUPS, LAYOUTS, Tensors, block_bytes, make_caches
 from .support import STORE, data_plane, run_job
 
 GEOMETRY = PoolGeometry.of([GroupGeometry(0, 2, 1024, 2), GroupGeometry(1, 1, 512, 4)])
@@ -165,3 +166,43 @@ def test_worker_refuses_a_pool_sized_for_another_layout() -> None:
     with data_plane(caches, [spec], 2) as (pool, worker):
         assert pool.geometry == layout.geometry
         assert run_job(worker, 1, STORE, (0, [0], [1])).success
+
+
+def _one_group_caches() -> tuple[dict[str, Tensors], GroupSpec]:
+    caches = make_caches(LAYOUTS[0], torch.bfloat16, torch.device("cpu"), GROUPS[:1])
+    return caches, GroupSpec(0, GROUPS[0].layers, GROUPS[0].num_blocks, 1)
+
+
+def test_a_budget_the_shm_dir_cannot_hold_names_the_setting_and_the_room(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: cpu_bytes_to_use is larger than the shared-memory file system
+    (a container's small /dev/shm): start-up stops with an error that names the
+    setting, its value and the room there is, and leaves no file behind."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    caches, spec = _one_group_caches()
+    with pytest.raises(ValueError) as caught:
+        create_data_plane(
+            caches,
+            [spec],
+            3 << 20,
+            pool_name=name,
+            shm_dir=str(tmp_path),
+        )
+    message = str(caught.value)
+    assert message.startswith("cpu_bytes_to_use: 3145728 bytes (3.0 MiB)")
+    assert f"does not fit in {tmp_path}, which has " in message
+    assert " free: its " in message and " chunk slots need " in message
+    assert "No space left on device" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_budget_too_large_to_map_names_the_setting() -> None:
+    """8 EiB and more cannot even be asked of the kernel (OverflowError)."""
+    caches, spec = _one_group_caches()
+    with pytest.raises(ValueError, match=r"cpu_bytes_to_use: 1180591620717411303424"):
+        create_data_plane(caches, [spec], 1 << 70)
