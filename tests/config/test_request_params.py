@@ -41,6 +41,29 @@ def test_token_caps_accept_only_plain_non_negative_ints(
         assert repr(raw) in warnings[0].getMessage()
 
 
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({"max_offload_tokens": "x" * 100_000}, "max_offload_tokens"),
+        ({"max_load_tokens": -(10**5000)}, "max_load_tokens"),  # repr() raises
+        ({"kv_load_tiers": "y" * 100_000}, "kv_load_tiers"),
+        ({"kv_store_tiers": ["cpu", "z" * 100_000]}, "kv_store_tiers"),
+        ({"kv_store_tiers": ["w" * 1000] * 100}, "kv_store_tiers"),
+        (["v" * 100_000], "kv_transfer_params"),
+    ],
+)
+def test_a_huge_bad_value_gives_a_short_warning_naming_the_parameter(
+    params: object, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scenario: a client sends a 100,000-character value; the warning shows
+    the start of it, not all of it."""
+    with caplog.at_level(logging.WARNING):
+        RequestParams.parse("req-9", params, tier_names=["disk"])
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) < 500
+    assert "request req-9: ignoring " in warning and f"{name}=" in warning
+
+
 def test_tier_selectors() -> None:
     params = RequestParams.parse(
         "r", {"kv_load_tiers": ["disk", "storage:remote"], "kv_store_tiers": "cpu"}

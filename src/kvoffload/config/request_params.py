@@ -1,14 +1,15 @@
 """Per-request parameters read from `kv_transfer_params`, parsed once.
 
 Bad values never fail a request: each logs one warning naming the request and the
-value, and is ignored as if absent (SPEC §4); in a list of tiers, only its bad
-entries are, unless none is good. `max_offload_tokens` and `max_load_tokens` are
-experimental and may change.
+value (cut short: it comes from a client), and is ignored as if absent (SPEC §4);
+in a list of tiers, only its bad entries are, unless none is good.
+`max_offload_tokens` and `max_load_tokens` are experimental and may change.
 """
 
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,14 @@ logger = logging.getLogger(__name__)
 
 MEDIA = ("cpu", "storage")
 LOCALITIES = ("local", "remote")
+
+# How much of a bad value a warning shows: enough to recognise it, never a
+# log line as long as what a client sent.
+_MAX_SHOWN = 100
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = _MAX_SHOWN
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+_REPR.maxlevel = 3
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,9 @@ class RequestParams:
             return cls()
         if not isinstance(params, Mapping):
             logger.warning(
-                "request %s: ignoring kv_transfer_params=%r (expected a mapping)",
+                "request %s: ignoring kv_transfer_params=%s (expected a mapping)",
                 req_id,
-                params,
+                _shown(params),
             )
             return cls()
         if not params:
@@ -91,10 +100,10 @@ def _token_cap(req_id: str, params: Mapping[str, Any], name: str) -> int | None:
     if type(raw) is int and raw >= 0:
         return raw
     logger.warning(
-        "request %s: ignoring %s=%r (expected a non-negative int or null)",
+        "request %s: ignoring %s=%s (expected a non-negative int or null)",
         req_id,
         name,
-        raw,
+        _shown(raw),
     )
     return None
 
@@ -153,16 +162,27 @@ def _warn_tiers(
     tier_names: Collection[str] | None,
 ) -> None:
     """One warning for `name`: its bad entries are ignored, or (`bad=None`) all of it."""
-    what = "" if bad is None else f"{bad!r} in "
+    what = "" if bad is None else f"{_shown(bad)} in "
     names = "tier names" if tier_names is None else f"tier names {sorted(tier_names)}"
     logger.warning(
-        "request %s: ignoring %s%s=%r (expected a list of %s, media %s, "
+        "request %s: ignoring %s%s=%s (expected a list of %s, media %s, "
         "localities %s or medium:locality)",
         req_id,
         what,
         name,
-        raw,
+        _shown(raw),
         names,
         MEDIA,
         LOCALITIES,
     )
+
+
+def _shown(value: object) -> str:
+    """`repr(value)` cut to about `_MAX_SHOWN` characters, for a warning."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int past `sys.get_int_max_str_digits()`
+        return "<an int too long to show>"
+    if len(text) > _MAX_SHOWN:
+        text = text[: _MAX_SHOWN - 3] + "..."
+    return text
