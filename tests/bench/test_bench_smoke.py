@@ -120,3 +120,40 @@ def test_policies_benchmark_margins_are_against_the_best_baseline(
     assert lru_summary["points_below_margin"] == sum(
         p["margin_vs_best_baseline"]["lru"] < -0.005 for p in points
     )
+
+
+def test_reuse_guard_benchmark_times_every_case_with_and_without_the_guard(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = bench_main(
+        [
+            "reuse_guard",
+            "--requests",
+            "4",
+            "--steps",
+            "32",
+            "--prompt",
+            "1024",
+            "2048",
+            "--window",
+            "256",
+            "--rounds",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["case"] for r in records] == [
+        "stored",
+        "put-off",
+        "hybrid",
+        "hybrid-put-off",
+    ]
+    for r in records:
+        groups = 2 if r["case"].startswith("hybrid") else 1
+        # 32 decode steps: each of the 4 requests begins 2 blocks in every group.
+        assert r["fresh_blocks_per_step"] == pytest.approx(4 * 2 * groups / 32)
+        assert r["build_us"] > 0 and r["build_us_no_guard"] > 0
+        assert r["step_us"] >= r["build_us"]
+        assert r["build_ratio"] == pytest.approx(r["build_us"] / r["build_us_no_guard"])

@@ -4,4 +4,12 @@ Each benchmark is a module `kvoffload.bench.NAME` with a `main(argv) -> int`. Ev
 benchmark prints its numbers next to a baseline measured in the same run.
 """
 
-BENCHMARKS = ("manager", "policies", "transfer", "tiers", "replay", "vllm")
+BENCHMARKS = (
+    "manager",
+    "policies",
+    "transfer",
+    "tiers",
+    "replay",
+    "vllm",
+    "reuse_guard",
+)
