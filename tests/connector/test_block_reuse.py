@@ -145,3 +145,38 @@ def test_a_block_read_by_a_store_waits_for_it_in_whichever_group_it_returns() ->
     _request(c, "B", list(range(50, 55)))
     c.update_state_after_alloc("B", [[7], [9]], 0, 0)
     assert c.build_step([ScheduledRequest("B", 0, 4)]).wait_for == (store.job_id,)
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["as-it-fills", "a-step-before"])
+@pytest.mark.parametrize("b_group", [1, 0], ids=["same-group", "full-group"])
+@pytest.mark.parametrize("how", ["new", "alloc-only"])
+def test_a_block_freed_before_its_chunk_fills_is_never_stored_from(
+    early: bool, b_group: int, how: str
+) -> None:
+    """Scenario: chunks of 3 blocks; A's step 1 computes 8 tokens (`early`: 7),
+    in two blocks of its chunk 0. Its window (4 tokens) has left block 5 behind,
+    so vLLM frees it and, in step 2, gives it to B. A fills chunk 0 in step 2
+    (`early`: in step 3, after computing one token in step 2): the sliding
+    group's chunk 0 is skipped, not copied from B's KV; the full group's is
+    stored."""
+    groups = (GroupSpec(4, 3), GroupSpec(4, 3))
+    manager = RecordingManager(8)
+    c = OffloadConnector(ConnectorConfig(groups, null_block_id=0), manager)
+    a = _request(c, "A", list(range(13)))
+    c.update_state_after_alloc("A", [[3, 4], [5, 6]], 0, 0)
+    computed = 7 if early else 8
+    assert c.build_step([ScheduledRequest("A", 0, computed)]).stores == ()
+    table = [(10,), (11,)]
+    table[b_group] = (5,)
+    _request(c, "B", list(range(50, 59)))
+    c.update_state_after_alloc("B", table, 0, 0)
+    b_step = [ScheduledRequest("B", 0, 4, tuple(table), True)] if how == "new" else []
+    plans = []
+    if early:
+        plans.append(c.build_step([ScheduledRequest("A", 7, 1), *b_step]))
+        b_step = []
+    plans.append(c.build_step([ScheduledRequest("A", 8, 4, ((7,), (9,))), *b_step]))
+    assert [block for plan in plans for block in _reads(plan, "A", 0)] == [3, 4, 7]
+    assert [block for plan in plans for block in _reads(plan, "A", 1)] == []
+    sliding_chunk0 = chunk_keys(list(a.block_hashes), 3, 1)[0]
+    assert sliding_chunk0 not in manager.offered["A"]

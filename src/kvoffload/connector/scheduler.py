@@ -25,6 +25,7 @@ failed.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -252,10 +253,11 @@ class OffloadConnector:
         for req_id, state in self._requests.items():
             if state.finished or req_id in new_tables:
                 continue
+            # Up to the last chunk it may ever store, not the last one its table
+            # covers: a block can leave the window before its chunk is full.
+            end_tokens = self._offloadable(state, sys.maxsize)
             for group in state.groups:
-                covered = len(group.block_ids) * group.tokens_per_block
-                end = self._offloadable(state, covered) // group.tokens_per_chunk
-                group.forget_reused(reused, end)
+                group.forget_reused(reused, end_tokens // group.tokens_per_chunk)
 
     # -- per step ----------------------------------------------------------------
 
