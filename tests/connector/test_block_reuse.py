@@ -21,7 +21,8 @@ from kvoffload.connector import (
     StepPlan,
 )
 from kvoffload.engine_model import SimRequest
-from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
+from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys, make_offload_key
+from kvoffload.tiers.base import ReqContext
 from kvoffload.worker.base import JobResult
 
 from .conftest import RecordingManager
@@ -180,3 +181,127 @@ def test_a_block_freed_before_its_chunk_fills_is_never_stored_from(
     assert [block for plan in plans for block in _reads(plan, "A", 1)] == []
     sliding_chunk0 = chunk_keys(list(a.block_hashes), 3, 1)[0]
     assert sliding_chunk0 not in manager.offered["A"]
+
+
+@dataclass
+class Pinned:
+    """Two groups (the second one sliding) of 4-token blocks, `per_chunk` blocks a
+    chunk, over a host tier whose 8 slots hold other chunks, all pinned: every
+    store is put off until `room` unpins some."""
+
+    manager: RecordingManager
+    connector: OffloadConnector
+    filler: list[OffloadKey]
+
+    @classmethod
+    def create(cls, per_chunk: int = 1) -> Pinned:
+        manager = RecordingManager(8)
+        ctx = ReqContext("filler")
+        filler = [make_offload_key(bytes([i]) * 32, 0) for i in range(8)]
+        assert manager.prepare_store(filler, ctx) is not None
+        manager.complete_store(filler, ctx)
+        manager.pin(filler)
+        groups = (GroupSpec(4, per_chunk), GroupSpec(4, per_chunk))
+        connector = OffloadConnector(ConnectorConfig(groups, null_block_id=0), manager)
+        return cls(manager, connector, filler)
+
+    def room(self, slots: int) -> None:
+        self.manager.unpin(self.filler[:slots])
+
+    def give_fresh(self, req_id: str, table: list[list[int]]) -> None:
+        """The engine allocates `table` afresh to a new request."""
+        _request(self.connector, req_id, list(range(900, 905)))
+        self.connector.update_state_after_alloc(req_id, table, 0, 0)
+
+
+def test_blocks_appended_while_stores_are_put_off_are_guarded() -> None:
+    """Scenario: A's chunks 0 and 1 are put off; chunk 1's blocks (4 and 6) came
+    with A's step 2. A's window frees blocks 5 and 6; the engine gives 6 to B.
+    With room, A stores both full-group chunks and its sliding chunk 0 (block 5,
+    still A's KV), and skips sliding chunk 1."""
+    s = Pinned.create()
+    c = s.connector
+    _request(c, "A", list(range(9)))
+    c.update_state_after_alloc("A", [[3], [5]], 0, 0)
+    c.build_step([ScheduledRequest("A", 0, 4)])
+    assert c.build_step([ScheduledRequest("A", 4, 4, ((4,), (6,)))]).stores == ()
+    s.give_fresh("B", [[10], [6]])
+    s.room(8)
+    plan = c.build_step([ScheduledRequest("A", 8, 1, ((7,), (8,)))])
+    assert _reads(plan, "A", 0) == [3, 4]
+    assert _reads(plan, "A", 1) == [5]
+
+
+@pytest.mark.parametrize("how", ["preempted", "replaced", "reallocated"])
+def test_a_new_table_is_guarded_and_the_old_one_is_not(how: str) -> None:
+    """Scenario: A has chunk 0 put off (blocks 3 and 5), then a new table (blocks
+    7, 9 and 8, 10): it is preempted and resumes (`preempted`), or, without a
+    preemption, a step names its whole new table (`replaced`) or the engine
+    allocates it (`reallocated`). Its stores are put off again. The engine gives
+    A's old block 5 and its new block 8 (freed by A's window) to B. With room, A
+    stores from its new table, skipping only sliding chunk 0."""
+    s = Pinned.create()
+    c = s.connector
+    _request(c, "A", list(range(9)))
+    c.update_state_after_alloc("A", [[3], [5]], 0, 0)
+    c.build_step([ScheduledRequest("A", 0, 4)])
+    if how == "preempted":
+        c.on_preempted(["A"])
+    if how != "replaced":
+        c.update_state_after_alloc("A", [[7, 9], [8, 10]], 0, 0)
+    table = ((7, 9), (8, 10)) if how != "reallocated" else ()
+    step = ScheduledRequest("A", 0, 8, table, replace_block_ids=bool(table))
+    assert c.build_step([step]).stores == ()
+    s.give_fresh("B", [[5], [8]])
+    s.room(8)
+    plan = c.build_step([ScheduledRequest("A", 8, 1, ((11,), (12,)))])
+    assert _reads(plan, "A", 0) == [7, 9]
+    assert _reads(plan, "A", 1) == [10]
+
+
+def test_chunks_left_behind_a_partial_store_stay_guarded() -> None:
+    """Scenario: A's chunks 0 and 1 are put off in step 1; in step 2 there is room
+    for two chunks: A stores chunk 0 of each group and puts off chunk 1 (blocks 4
+    and 6). A's window frees 5 and 6; the engine gives both to B. With room, A
+    stores its full-group chunk 1 and skips the sliding one."""
+    s = Pinned.create()
+    c = s.connector
+    _request(c, "A", list(range(9)))
+    c.update_state_after_alloc("A", [[3, 4], [5, 6]], 0, 0)
+    assert c.build_step([ScheduledRequest("A", 0, 8)]).stores == ()
+    s.room(2)
+    second = c.build_step([ScheduledRequest("A", 8, 1, ((7,), (8,)))])
+    assert (_reads(second, "A", 0), _reads(second, "A", 1)) == ([3], [5])
+    c.on_job_results([JobResult(j.job_id, True) for j in second.stores])
+    s.give_fresh("B", [[5], [6]])
+    s.room(8)
+    plan = c.build_step([ScheduledRequest("A", 9, 1)])
+    assert _reads(plan, "A", 0) == [4]
+    assert _reads(plan, "A", 1) == []
+
+
+def test_a_block_two_requests_left_unstored_is_voided_in_both() -> None:
+    """Scenario: chunks of 2 blocks; B's engine prefix-cache hit shares A's first
+    blocks (3 and 5), so both hold block 5 in a chunk 0 they could not store. Both
+    windows leave it, the engine frees it and gives it to C: with room, A and B
+    each store their full-group chunk 0 and skip the sliding one."""
+    s = Pinned.create(per_chunk=2)
+    c = s.connector
+    _request(c, "A", list(range(9)))
+    _request(c, "B", list(range(4)) + list(range(70, 75)))
+    c.update_state_after_alloc("A", [[3, 4], [5, 6]], 0, 0)
+    c.update_state_after_alloc("B", [[3, 7], [5, 8]], 4, 0)
+    assert (
+        c.build_step([ScheduledRequest("A", 0, 8), ScheduledRequest("B", 4, 4)]).stores
+        == ()
+    )
+    s.give_fresh("C", [[9], [5]])
+    s.room(8)
+    plan = c.build_step(
+        [
+            ScheduledRequest("A", 8, 1, ((10,), (11,))),
+            ScheduledRequest("B", 8, 1, ((12,), (13,))),
+        ]
+    )
+    assert (_reads(plan, "A", 0), _reads(plan, "B", 0)) == ([3, 4], [3, 7])
+    assert (_reads(plan, "A", 1), _reads(plan, "B", 1)) == ([], [])

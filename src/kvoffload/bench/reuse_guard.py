@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from kvoffload.bench.decode_engine import BenchRequest, BlockPool, Decoder
 from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
+from kvoffload.connector.request_state import RequestState
+from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.keys import make_offload_key
 from kvoffload.tiers.base import ReqContext
 from kvoffload.tiers.primary import CPUOffloadingManager
@@ -80,15 +82,34 @@ class Run:
     """Engine blocks allocated a step, all groups."""
 
 
-class UnguardedConnector(OffloadConnector):
-    """The baseline: the connector without its reused-block guard (it notes no
-    fresh blocks and voids no entries)."""
+class NoGuard(ReuseGuard):
+    """A reused-block guard that notes, indexes and voids nothing."""
 
-    def _note_allocated(self, tables: Sequence[Sequence[int]], hit_tokens: int) -> None:
+    def note_allocated(self, tables: Sequence[Sequence[int]], hit_tokens: int) -> None:
         pass
 
-    def _forget_reused(self) -> None:
-        self._new_tables.clear()
+    def on_new_table(self, state: RequestState) -> None:
+        pass
+
+    def void_reused(self) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
+
+    def sync(self, state: RequestState) -> None:
+        pass
+
+    def release(self, state: RequestState) -> None:
+        pass
+
+
+class UnguardedConnector(OffloadConnector):
+    """The baseline: the connector without its reused-block guard."""
+
+    def __init__(self, config: ConnectorConfig, manager: CPUOffloadingManager) -> None:
+        super().__init__(config, manager)
+        self._guard = NoGuard(config.groups, config.null_block_id)
 
 
 def host_tier(case: Case, chunks: int) -> CPUOffloadingManager:

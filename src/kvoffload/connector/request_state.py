@@ -7,7 +7,8 @@ its parsed parameters and its offload policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvoffload.connector.base import RequestInfo
@@ -32,6 +33,8 @@ class GroupState:
     block_ids: list[int] = field(default_factory=list)
     store_cursor: int = 0
     """Chunks before the cursor were stored, skipped or offered already."""
+    guarded: range = range(0)
+    """Positions of `block_ids` the reused-block guard indexes (`ReuseGuard`)."""
 
     @property
     def tokens_per_chunk(self) -> int:
@@ -47,16 +50,6 @@ class GroupState:
     def chunk_blocks(self, chunk: int) -> list[int]:
         b = self.blocks_per_chunk
         return self.block_ids[chunk * b : (chunk + 1) * b]
-
-    def forget_reused(self, reused: Set[int], end_chunk: int) -> None:
-        """Mark entries of chunks not yet stored (before `end_chunk`) whose block is
-        in `reused` (the engine allocated it afresh, e.g. after freeing it outside
-        a sliding window)."""
-        b = self.blocks_per_chunk
-        ids = self.block_ids
-        for i in range(self.store_cursor * b, min(len(ids), end_chunk * b)):
-            if ids[i] in reused:
-                ids[i] = REUSED_BLOCK
 
 
 @dataclass
@@ -78,6 +71,9 @@ class RequestState:
     cursors_started: bool = False
     prefix_touched: bool = False
     finished: bool = False
+    store_limit: int = sys.maxsize
+    """The most tokens its stores may ever cover: the prompt with
+    `offload_prompt_only`, and at most its `max_offload_tokens`."""
 
     @classmethod
     def create(
@@ -96,7 +92,15 @@ class RequestState:
             )
             for i, g in enumerate(config.groups)
         ]
-        return cls(request=request, ctx=ctx, policy=policy, groups=groups)
+        limit = sys.maxsize
+        if config.offload_prompt_only:
+            limit = request.num_prompt_tokens
+        cap = ctx.params.max_offload_tokens
+        if cap is not None:
+            limit = min(limit, cap)
+        return cls(
+            request=request, ctx=ctx, policy=policy, groups=groups, store_limit=limit
+        )
 
     @property
     def req_id(self) -> str:

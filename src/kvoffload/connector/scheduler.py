@@ -12,10 +12,10 @@ Engine blocks are fenced, not held: a finished or preempted request's blocks go
 back to the engine at once, and when the engine hands a block that a store job is
 still reading to another request (in any group), the step plan's `wait_for`
 names that job, so the worker finishes it before anything writes the block. A
-block the engine allocates afresh also voids every entry naming it in the tables
-of requests whose chunks are not stored yet (vLLM frees a running request's
+block the engine allocates afresh also voids every entry naming it in the
+chunks of live requests that may still be stored (vLLM frees a running request's
 blocks that leave a sliding window): those chunks are skipped, never stored from
-someone else's KV.
+someone else's KV (`reuse_guard`).
 
 `reset_cache` does not wait for the jobs in flight: the host slots they touch stay
 held until their results arrive from every rank, and their loads are reported
@@ -25,7 +25,6 @@ failed.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -42,6 +41,7 @@ from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
 from kvoffload.connector.request_state import GroupState, RequestState
+from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.transfers import (
     chunks_to_store,
     load_span,
@@ -96,10 +96,7 @@ class OffloadConnector:
         # Engine block -> store jobs in flight that read it (in any group: vLLM's
         # groups share one block pool over the same bytes).
         self._readers: dict[int, set[int]] = {}
-        # Engine blocks allocated afresh since the last step plan, and the requests
-        # whose whole table came with this step's allocation (nothing stale in it).
-        self._allocated: set[int] = set()
-        self._new_tables: set[str] = set()
+        self._guard = ReuseGuard(config.groups, config.null_block_id)
         self._finished_loading: list[str] = []
         self._failed_loading: list[str] = []
         self._stats = ConnectorStats()
@@ -142,11 +139,12 @@ class OffloadConnector:
         (`num_computed_tokens`) are freshly allocated.
         """
         state = self._requests[request_id]
+        self._guard.release(state)
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
         self._fence(block_ids)
-        self._note_allocated(block_ids, num_computed_tokens)
-        self._new_tables.add(request_id)
+        self._guard.note_allocated(block_ids, num_computed_tokens)
+        self._guard.on_new_table(state)
         hit = num_computed_tokens + num_external_tokens
         if not state.cursors_started:
             state.cursors_started = True
@@ -202,6 +200,7 @@ class OffloadConnector:
             if state is None:
                 continue
             state.deferred_since = None
+            self._guard.release(state)
             for group in state.groups:
                 group.block_ids = []
 
@@ -215,6 +214,7 @@ class OffloadConnector:
         if state is None or state.finished:
             return
         state.finished = True
+        self._guard.release(state)
         self._touch_prefix(state)
         self.manager.on_request_finished(state.ctx)
         if not state.has_jobs():
@@ -231,34 +231,6 @@ class OffloadConnector:
                 if jobs:
                     self._wait_for.update(jobs)
 
-    def _note_allocated(self, tables: Sequence[Sequence[int]], hit_tokens: int) -> None:
-        """Blocks past the first `hit_tokens` of a table are allocated afresh (the
-        engine's prefix-cache hits before them keep their KV).
-
-        Block ids name engine memory whatever the group: vLLM's groups share one
-        block pool over the same bytes, so a block freed from one group's table
-        may come back in another's.
-        """
-        null = self.config.null_block_id
-        for spec, ids in zip(self.config.groups, tables, strict=True):
-            fresh = ids[hit_tokens // spec.tokens_per_block :]
-            self._allocated.update(b for b in fresh if b != null)
-
-    def _forget_reused(self) -> None:
-        """Void the entries naming this step's fresh blocks in unstored chunks."""
-        reused, self._allocated = self._allocated, set()
-        new_tables, self._new_tables = self._new_tables, set()
-        if not reused:
-            return
-        for req_id, state in self._requests.items():
-            if state.finished or req_id in new_tables:
-                continue
-            # Up to the last chunk it may ever store, not the last one its table
-            # covers: a block can leave the window before its chunk is full.
-            end_tokens = self._offloadable(state, sys.maxsize)
-            for group in state.groups:
-                group.forget_reused(reused, end_tokens // group.tokens_per_chunk)
-
     # -- per step ----------------------------------------------------------------
 
     def build_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
@@ -266,11 +238,11 @@ class OffloadConnector:
         for item in scheduled:
             hit = item.num_computed_tokens if item.replace_block_ids else 0
             if item.new_block_ids:
-                self._note_allocated(item.new_block_ids, hit)
+                self._guard.note_allocated(item.new_block_ids, hit)
         # Before any table grows by this step's blocks, and before any store is
         # planned: a block given to a request late in `scheduled` voids entries
         # of one early in it.
-        self._forget_reused()
+        self._guard.void_reused()
         stores: list[TransferJob] = []
         for item in scheduled:
             state = self._requests.get(item.request_id)
@@ -282,8 +254,11 @@ class OffloadConnector:
             job = self._plan_store(state, computed)
             if job is not None:
                 stores.append(job)
+            if item.new_block_ids:
+                self._guard.sync(state)
             if computed >= state.request.num_prompt_tokens:
                 self._touch_prefix(state)
+        self._guard.end_step()
         plan = StepPlan(
             loads=tuple(self._pending_loads),
             stores=tuple(stores),
@@ -302,6 +277,8 @@ class OffloadConnector:
     def _apply_block_ids(self, state: RequestState, item: ScheduledRequest) -> None:
         if not item.new_block_ids:
             return
+        if item.replace_block_ids:
+            self._guard.release(state)
         for group, ids in zip(state.groups, item.new_block_ids, strict=True):
             if item.replace_block_ids:
                 group.block_ids = list(ids)
@@ -310,13 +287,7 @@ class OffloadConnector:
 
     def _offloadable(self, state: RequestState, computed_tokens: int) -> int:
         """Of the request's first `computed_tokens`, those its stores may cover."""
-        offloadable = computed_tokens
-        if self.config.offload_prompt_only:
-            offloadable = min(offloadable, state.request.num_prompt_tokens)
-        cap = state.ctx.params.max_offload_tokens
-        if cap is not None:
-            offloadable = min(offloadable, cap)
-        return offloadable
+        return min(computed_tokens, state.store_limit)
 
     def _plan_store(
         self, state: RequestState, computed_tokens: int
@@ -345,6 +316,7 @@ class OffloadConnector:
             return None  # cursors stay: offered again next step
         for group, chunk in chunks:
             group.store_cursor = max(group.store_cursor, chunk + 1)
+        self._guard.sync(state)
         if not prepared.keys_to_store:
             return None
         if self._observer is not None:
