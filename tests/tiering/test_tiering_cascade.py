@@ -223,3 +223,31 @@ def test_request_level_chunk_offered_again_while_writing_cascades_once() -> None
     m.complete_store(keys(1), R1)
     assert whole.stored_keys() == keys(1)
     assert whole.calls.count(("finished", "r1")) == 1
+
+
+def test_chunk_its_writer_cascades_and_a_request_parked_reaches_a_tier_once() -> None:
+    """Scenario: r1 (every tier) is writing chunk 1 when r2 (request level) offers
+    it, which parks it for r2. When r1's write completes, the request-level tier
+    receives chunk 1 once: one store, one chunk of its in-flight bound (chunk 2
+    still fits, nothing is shed), and one stored event."""
+    buf = ArrayChunkBuffer(8, 256)
+    whole = HeldTier(
+        buf,
+        name="whole",
+        policy=OffloadPolicy.REQUEST_LEVEL,
+        auto=False,
+        max_inflight_chunks=2,
+    )
+    m, engine = make_manager([whole], buffer=buf, num_chunks=8)
+    r2 = ReqContext("r2")
+    m.on_new_request(R1)
+    m.on_new_request(r2)
+    engine.store(keys(1), R1, complete=False)
+    out = m.prepare_store(keys(1), r2)
+    assert out is not None and out.keys_to_store == ()
+    m.on_request_finished(r2)
+    m.complete_store(keys(1), R1)
+    engine.store(keys(2), R1)
+    assert whole.stored_keys() == keys(1, 2)
+    assert m.get_stats()["whole"].drops == 0
+    assert whole.calls.count(("finished", "r2")) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvoffload import LookupResult, PrefixLookup, ReqContext
+from kvoffload import LookupResult, OffloadPolicy, PrefixLookup, ReqContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer
 from tests.tiering.tiering_support import (
     SLOT,
@@ -280,3 +280,25 @@ def test_a_promotion_for_one_group_never_evicts_what_another_group_counted() -> 
     ]
     engine.step()
     engine.load([*g0, *g1], R1)
+
+
+def test_promoted_chunk_a_request_parked_reaches_the_tier_ahead_once() -> None:
+    """Scenario: r1's lookup promotes chunk 1 from far; while it loads, r2
+    (request level for near, the tier ahead of far) offers it, which parks it.
+    When the promotion lands, near receives chunk 1 once: r1's cascade to the
+    tiers ahead and r2's parked cascade are the same store."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    near = HeldTier(buf, name="near", policy=OffloadPolicy.REQUEST_LEVEL)
+    far = seeded_tier(buf, [1], name="far", auto=False)
+    m, engine = make_manager([near, far], buffer=buf, num_chunks=4)
+    r2 = ReqContext("r2")
+    m.on_new_request(R1)
+    m.on_new_request(r2)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()  # the promotion's load is submitted, and held
+    out = m.prepare_store(keys(1), r2)
+    assert out is not None and out.keys_to_store == ()
+    far.release()
+    engine.settle()
+    assert near.stored_keys() == keys(1)
+    assert far.stored_keys() == []

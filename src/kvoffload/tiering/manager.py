@@ -35,6 +35,9 @@ from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJo
 
 logger = logging.getLogger(__name__)
 
+_Sent = set[tuple[OffloadKey, int]]
+"""(key, tier index) pairs one completion has offered to the secondary tiers."""
+
 _MISS, _HIT, _PENDING, _RETRY = (
     LookupResult.MISS,
     LookupResult.HIT,
@@ -58,7 +61,8 @@ class TieringManager(OffloadingManager):
       `kv_store_tiers` allows. For tiers that want a request's whole context
       (`REQUEST_LEVEL`), `prepare_store` also cascades the request's chunks
       already readable in the primary tier; chunks still being written there are
-      parked and cascaded when their write completes.
+      parked and cascaded when their write completes. Within one completion a
+      chunk is offered to each tier once, however many requests want it there.
     - Backpressure: each tier has at most `max_inflight_chunks` cascaded chunks
       in flight; beyond that, cascades are shed and counted as `drops`. A failed
       cascade leaves the chunk in the primary tier and is not retried.
@@ -140,9 +144,10 @@ class TieringManager(OffloadingManager):
         if state is not None:
             for key in lost:
                 state.promoted.pop(key, None)
-        self._promotion_landed(source, job.ctx, tracked, failed)
-        self._primary_written(loaded, True)
-        self._primary_written(lost, False)
+        sent: _Sent = set()
+        self._promotion_landed(source, job.ctx, tracked, failed, sent)
+        self._primary_written(loaded, True, sent)
+        self._primary_written(lost, False, sent)
 
     def _promotion_landed(
         self,
@@ -150,6 +155,7 @@ class TieringManager(OffloadingManager):
         ctx: ReqContext,
         tracked: list[OffloadKey],
         failed: set[OffloadKey],
+        sent: _Sent,
     ) -> None:
         """Cascade the promoted chunks that landed to the tiers ahead of `source`,
         for the request that promoted them. A reset forgot its promotions
@@ -159,11 +165,14 @@ class TieringManager(OffloadingManager):
             return
         state.promoting -= len(tracked)
         landed = [k for k in tracked if k not in failed and self.primary.is_readable(k)]
-        self._cascade(landed, state.ctx, range(source))
+        self._cascade(landed, state.ctx, range(source), sent)
         self._maybe_finalize(state)
 
-    def _primary_written(self, keys: Iterable[OffloadKey], success: bool) -> None:
-        """Cascade the chunks that requests parked until their primary write ended."""
+    def _primary_written(
+        self, keys: Iterable[OffloadKey], success: bool, sent: _Sent
+    ) -> None:
+        """Cascade the chunks that requests parked until their primary write ended,
+        except to the tiers the same completion already offered them to (`sent`)."""
         waiting: dict[str, list[OffloadKey]] = {}
         for key in keys:
             for req_id in self._requests.take_parked(key):
@@ -173,7 +182,7 @@ class TieringManager(OffloadingManager):
             assert state is not None
             if success:
                 readable = [k for k in parked if self.primary.is_readable(k)]
-                self._cascade(readable, state.ctx, state.request_level_tiers)
+                self._cascade(readable, state.ctx, state.request_level_tiers, sent)
             self._maybe_finalize(state)
 
     # -- cascades ----------------------------------------------------------------
@@ -186,9 +195,20 @@ class TieringManager(OffloadingManager):
         return job
 
     def _cascade(
-        self, keys: list[OffloadKey], ctx: ReqContext, tiers: Iterable[int]
+        self,
+        keys: list[OffloadKey],
+        ctx: ReqContext,
+        tiers: Iterable[int],
+        sent: _Sent | None = None,
     ) -> None:
-        """Store readable primary chunks into `tiers`, pinned until the job ends."""
+        """Store readable primary chunks into `tiers`, pinned until the job ends.
+
+        `sent` holds the (key, tier) pairs the same completion already offered,
+        stored or shed: those are skipped, and the pairs offered here are added.
+        A chunk its writer cascades and another request parked for the same tier
+        would otherwise be written, counted and announced twice, and take twice
+        its share of the tier's in-flight bound.
+        """
         if not keys:
             return
         allowed = ctx.params.store_tiers
@@ -196,9 +216,13 @@ class TieringManager(OffloadingManager):
             tier = self.tiers[index]
             if not allowed.allows(tier.name, tier.medium, tier.locality):
                 continue
+            offered = keys
+            if sent is not None:
+                offered = [k for k in keys if (k, index) not in sent]
+                sent.update((k, index) for k in offered)
             room = max(0, tier.max_inflight_chunks - self._inflight[index])
-            batch = keys[:room]
-            self._shed[index] += len(keys) - len(batch)
+            batch = offered[:room]
+            self._shed[index] += len(offered) - len(batch)
             if not batch:
                 continue
             slots = self.primary.pin(batch)
@@ -400,13 +424,14 @@ class TieringManager(OffloadingManager):
         done = self._requests.writing_done(keys)
         self.primary.complete_store(keys, ctx, success)
         every_tier = range(len(self.tiers))
+        sent: _Sent = set()
         for req_id, written in done.items():
             state = self._requests.get(req_id)
             assert state is not None
             if success:
                 readable = [k for k in written if self.primary.is_readable(k)]
-                self._cascade(readable, state.ctx, every_tier)
-            self._primary_written(written, success)
+                self._cascade(readable, state.ctx, every_tier, sent)
+            self._primary_written(written, success, sent)
             self._maybe_finalize(state)
 
     # -- request lifecycle -------------------------------------------------------
