@@ -82,6 +82,23 @@ def test_failed_promotion_frees_its_slot_and_misses_without_retrying() -> None:
     engine.load(keys(1), R1)
 
 
+def test_failed_promotion_is_a_failure_of_its_source_tier_only() -> None:
+    """Scenario: a chunk's load from the secondary tier fails: the failure counts
+    for that tier, not for host memory, which only reserved a slot for it (SPEC
+    §3.10: per-tier failures)."""
+    buf = ArrayChunkBuffer(4, SLOT)
+    tier = seeded_tier(buf, [1])
+    tier.fail_loads = True
+    m, engine = make_manager([tier], buffer=buf, num_chunks=4)
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()
+    assert m.lookup(key(1), R1) is LookupResult.MISS
+    stats = m.get_stats()
+    assert stats["held"].failures == 1
+    assert (stats["cpu"].failures, stats["cpu"].occupancy) == (0, 0)
+
+
 def test_promotion_into_a_full_primary_with_nothing_evictable_misses() -> None:
     """Scenario: every primary slot is pinned by a load: a secondary hit cannot be
     promoted and answers MISS (not an endless HIT_PENDING)."""

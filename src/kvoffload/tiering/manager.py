@@ -69,7 +69,8 @@ class TieringManager(OffloadingManager):
     - Promotion: a lookup that misses the primary tier asks the secondary tiers
       the request's `kv_load_tiers` allows, in order; on a hit it allocates a
       primary slot and loads the chunk into it, answering `HIT_PENDING` until it
-      lands. A failed promotion frees the slot and its key misses for
+      lands. A failed promotion frees the slot (a failure of the tier it came
+      from, not of the primary tier) and its key misses for
       `promotion_failure_ttl_s`. A landed one is cascaded, as for the request
       whose lookup promoted it, to the tiers ahead of its source: the lookup
       found it missing there. Tiers behind the source were offered it when it
@@ -138,7 +139,8 @@ class TieringManager(OffloadingManager):
         if loaded:
             self.primary.complete_store(loaded, job.ctx, True)
         if lost:
-            self.primary.complete_store(lost, job.ctx, False)
+            # The source tier counts the failure; host memory only lent a slot.
+            self.primary.abort_store(lost)
         tracked = self._promotions.finished(job.keys, lost)
         state = self._requests.get(job.ctx.req_id)
         if state is not None:

@@ -145,6 +145,23 @@ def test_failed_store_frees_the_slot() -> None:
     assert m.get_stats()["cpu"].failures == 1
 
 
+def test_aborted_store_frees_the_slot_without_counting_a_failure() -> None:
+    """Scenario: a promotion's load from a secondary tier failed: its reserved
+    slot is free again, and host memory counts neither a failure nor a store,
+    nor announces anything."""
+    m = CPUOffloadingManager(1, enable_events=True)
+    out = m.prepare_store(keys(1), CTX, bypass_admission=True)
+    assert out is not None
+    m.abort_store(out.keys_to_store)
+    m.abort_store(out.keys_to_store)  # no longer in flight: ignored
+    assert m.lookup(k(1), CTX) is LookupResult.MISS
+    again = m.prepare_store(keys(2), CTX)
+    assert again is not None and again.slots == out.slots
+    stats = m.get_stats()["cpu"]
+    assert (stats.failures, stats.chunks_stored, stats.occupancy) == (0, 0, 1)
+    assert m.take_events() == []
+
+
 def test_stored_events_are_emitted_once_readable() -> None:
     m = CPUOffloadingManager(4, enable_events=True)
     out = m.prepare_store(keys(1, 2), CTX)

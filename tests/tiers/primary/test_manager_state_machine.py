@@ -2,9 +2,10 @@
 
 Checked after every step: capacity never exceeded; pinned, in-flight and offered
 chunks never evicted; a `None` from prepare_store changes nothing; every stored
-chunk is readable unless reported evicted; a slot that a reset was told is still
-being copied is handed out to no store until released; once every load completed
-and every held slot was released, the whole pool can be stored into.
+chunk is readable unless reported evicted; only failed stores count as failures
+(an aborted one, a failed promotion, does not); a slot that a reset was told is
+still being copied is handed out to no store until released; once every load
+completed and every held slot was released, the whole pool can be stored into.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.slot_of: dict[OffloadKey, int] = {}
         # Per job in flight at a reset: the slots it still copies.
         self.held: list[tuple[int, ...]] = []
+        self.failures = 0
 
     @property
     def manager(self) -> CPUOffloadingManager:
@@ -80,12 +82,20 @@ class ManagerMachine(RuleBasedStateMachine):
             self.writing.append(out.keys_to_store)
 
     @precondition(lambda self: self.m is not None and self.writing)
-    @rule(index=st.integers(0, 10), success=st.booleans())
-    def complete_store(self, index: int, success: bool) -> None:
+    @rule(
+        index=st.integers(0, 10),
+        outcome=st.sampled_from(["stored", "failed", "aborted"]),
+    )
+    def complete_store(self, index: int, outcome: str) -> None:
         job = self.writing.pop(index % len(self.writing))
-        self.manager.complete_store(job, CTX, success=success)
-        if success:
+        if outcome == "aborted":
+            self.manager.abort_store(job)
+            return
+        self.manager.complete_store(job, CTX, success=outcome == "stored")
+        if outcome == "stored":
             self.readable |= set(job)
+        else:
+            self.failures += len(job)
 
     @precondition(lambda self: self.m is not None and self.readable)
     @rule(data=st.data())
@@ -135,6 +145,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for key in self._in_flight():
             assert self.manager.lookup(key, CTX) is LookupResult.HIT_PENDING
         assert stats.occupancy == len(self.readable) + len(self._in_flight())
+        assert stats.failures == self.failures
 
     def teardown(self) -> None:
         if self.m is None:

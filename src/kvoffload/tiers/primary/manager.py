@@ -33,7 +33,8 @@ class CPUOffloadingManager(OffloadingManager):
     """Bookkeeping of the host-memory pool: slots, policy, pins and events.
 
     A chunk is *resident* from `prepare_store` on; it is *readable* once its
-    `complete_store(success=True)` arrives. Pinned chunks (being read), chunks
+    `complete_store(success=True)` arrives; `complete_store(success=False)` and
+    `abort_store` free its slot instead. Pinned chunks (being read), chunks
     being written and the keys of the current `prepare_store` call are never
     evicted.
 
@@ -253,11 +254,9 @@ class CPUOffloadingManager(OffloadingManager):
     def complete_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
     ) -> None:
-        writing = self._writing
-        done = [key for key in keys if key in writing]
+        done = self._end_writes(keys)
         if not done:
             return
-        writing.difference_update(done)
         if success:
             self._stats.chunks_stored += len(done)
             if self._events is not None:
@@ -266,7 +265,26 @@ class CPUOffloadingManager(OffloadingManager):
                 )
             return
         self._stats.failures += len(done)
-        for key in done:
+        self._release(done)
+
+    def abort_store(self, keys: Sequence[OffloadKey]) -> None:
+        """End writes that failed before they reached this tier: frees their
+        slots as `complete_store(success=False)` does, but counts no failure
+        here. For a promotion whose load from a secondary tier failed: that tier
+        counts the failure; host memory only reserved a slot. Keys not in flight
+        (already completed, dropped by a reset) are ignored."""
+        self._release(self._end_writes(keys))
+
+    def _end_writes(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        """The keys of `keys` in flight, no longer in flight."""
+        writing = self._writing
+        done = [key for key in keys if key in writing]
+        writing.difference_update(done)
+        return done
+
+    def _release(self, keys: list[OffloadKey]) -> None:
+        """Free the slots of chunks that never became readable."""
+        for key in keys:
             self._free.append(self._slots.pop(key))
             self._policy.remove(key)
 
