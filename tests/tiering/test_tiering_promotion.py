@@ -99,6 +99,25 @@ def test_failed_promotion_is_a_failure_of_its_source_tier_only() -> None:
     assert (stats["cpu"].failures, stats["cpu"].occupancy) == (0, 0)
 
 
+def test_promoted_chunk_loaded_by_its_request_is_reuse_not_its_own_store() -> None:
+    """Scenario: host memory (ARC, two slots) misses chunk 1, which the secondary
+    tier holds; r1's lookup promotes it and r1 loads it. Another request stored
+    it, so the load counts as reuse (SPEC §3.2): when two chunks seen once
+    follow, ARC evicts one of them, not chunk 1."""
+    buf = ArrayChunkBuffer(2, SLOT)
+    tier = seeded_tier(buf, [1])
+    m, engine = make_manager([tier], buffer=buf, num_chunks=2, eviction_policy="arc")
+    m.on_new_request(R1)
+    assert m.lookup(key(1), R1) is LookupResult.HIT_PENDING
+    engine.step()
+    assert m.lookup(key(1), R1) is LookupResult.HIT
+    engine.load(keys(1), R1)
+    w = ReqContext.create("w", {"kv_store_tiers": []})
+    engine.store(keys(2), w)
+    out = m.prepare_store(keys(3), w)
+    assert out is not None and out.evicted_keys == (key(2),)
+
+
 def test_promotion_into_a_full_primary_with_nothing_evictable_misses() -> None:
     """Scenario: every primary slot is pinned by a load: a secondary hit cannot be
     promoted and answers MISS (not an endless HIT_PENDING)."""

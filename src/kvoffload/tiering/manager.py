@@ -332,9 +332,7 @@ class TieringManager(OffloadingManager):
     ) -> bool:
         # The chunks in `before` were counted present by this lookup: making room
         # for the promotion must not evict them.
-        out = self.primary.prepare_store(
-            (key,), ctx, bypass_admission=True, protect=before
-        )
+        out = self.primary.prepare_store((key,), ctx, promotion=True, protect=before)
         if out is None or not out.keys_to_store:
             return False  # no room
         self._promotions.add(tier, ctx, key, out.slots[0])

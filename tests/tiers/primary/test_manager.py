@@ -150,7 +150,7 @@ def test_aborted_store_frees_the_slot_without_counting_a_failure() -> None:
     slot is free again, and host memory counts neither a failure nor a store,
     nor announces anything."""
     m = CPUOffloadingManager(1, enable_events=True)
-    out = m.prepare_store(keys(1), CTX, bypass_admission=True)
+    out = m.prepare_store(keys(1), CTX, promotion=True)
     assert out is not None
     m.abort_store(out.keys_to_store)
     m.abort_store(out.keys_to_store)  # no longer in flight: ignored
@@ -160,6 +160,22 @@ def test_aborted_store_frees_the_slot_without_counting_a_failure() -> None:
     stats = m.get_stats()["cpu"]
     assert (stats.failures, stats.chunks_stored, stats.occupancy) == (0, 0, 1)
     assert m.take_events() == []
+
+
+def test_a_promoted_chunk_is_reuse_for_the_request_that_loads_it() -> None:
+    """Scenario: a chunk promoted from a secondary tier for a request, which then
+    loads it. Another request stored it earlier, so the load counts as reuse,
+    not as the request's own store: ARC keeps it over a chunk seen once."""
+    m = CPUOffloadingManager(2, "arc")
+    out = m.prepare_store(keys(1), CTX, promotion=True)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX)
+    m.prepare_load(keys(1), CTX)
+    m.complete_load(keys(1), CTX)
+    other = ReqContext("r1")
+    stored(m, [2], other)
+    full = m.prepare_store(keys(3), other)
+    assert full is not None and full.evicted_keys == (k(2),)
 
 
 def test_stored_events_are_emitted_once_readable() -> None:
@@ -296,9 +312,9 @@ def test_pins_protect_without_counting_as_loads() -> None:
     assert m.get_stats()["cpu"].chunks_loaded == 0
 
 
-def test_bypassing_admission_stores_a_chunk_the_filter_would_reject() -> None:
+def test_a_promotion_stores_a_chunk_the_filter_would_reject() -> None:
     m = CPUOffloadingManager(4, store_threshold=2)
     out = m.prepare_store(keys(1), CTX)
     assert out is not None and out.keys_to_store == ()
-    out = m.prepare_store(keys(1), CTX, bypass_admission=True)
+    out = m.prepare_store(keys(1), CTX, promotion=True)
     assert out is not None and out.keys_to_store == (k(1),)

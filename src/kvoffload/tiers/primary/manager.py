@@ -67,7 +67,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._next_fresh = 0
         # Slots that copies planned before a reset may still touch: slot -> holds.
         self._held: Counter[int] = Counter()
-        # Keys each live request stored itself: recency, not reuse, on touch().
+        # Keys each live request stored itself (not those promoted for it):
+        # recency, not reuse, on touch().
         self._stored_by_request: dict[str, set[OffloadKey]] = {}
         self._stats = TierStats(capacity=num_chunks)
 
@@ -188,16 +189,19 @@ class CPUOffloadingManager(OffloadingManager):
         keys: Sequence[OffloadKey],
         ctx: ReqContext,
         *,
-        bypass_admission: bool = False,
+        promotion: bool = False,
         protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
-        """See `OffloadingManager.prepare_store`. `bypass_admission` skips the reuse
-        filter and the policy's admission (promotions of chunks a secondary tier
-        already holds); `protect` names more keys not to evict (a promotion's
-        prefix, already counted as hits by the same lookup)."""
+        """See `OffloadingManager.prepare_store`. `protect` names more keys not to
+        evict (a promotion's prefix, already counted as hits by the same lookup).
+
+        With `promotion`, the chunks come from a secondary tier, where some
+        request stored them earlier: they skip the reuse filter and the policy's
+        admission, and are not `ctx`'s own stores, so its loads and touches of
+        them count as reuse (SPEC §3.2), as for any chunk it found stored."""
         slots = self._slots
         new = list(dict.fromkeys(k for k in keys if k not in slots))
-        if not bypass_admission:
+        if not promotion:
             new = self._admitted(keys, new, ctx)
         if not new:
             return _NOTHING_TO_STORE
@@ -220,7 +224,8 @@ class CPUOffloadingManager(OffloadingManager):
         slots.update(zip(new, new_slots, strict=True))
         self._policy.insert_many(new)
         writing.update(new)
-        self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
+        if not promotion:
+            self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
         self._stats.evictions += len(victims)
         if victims and self._events is not None:
             self._events.append(
