@@ -69,6 +69,34 @@ def test_restart_finds_the_previous_runs_chunks(tmp_path: Path) -> None:
     m.shutdown()
 
 
+def test_restart_on_a_file_system_refusing_direct_io_at_open_loads_its_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a restarted engine's file system answers EINVAL to O_DIRECT at
+    open (FUSE without direct_io, say), and its first file I/O is a promotion:
+    every chunk the previous run stored (aligned, so meant for direct I/O)
+    hits and loads its exact bytes, and no chunk file is deleted."""
+    stored_through_tier(tmp_path, [1, 2], slot=4096)
+    before = chunk_files(tmp_path)
+    real_open = os.open
+
+    def open_refusing_direct(path: str, flags: int, *args: int) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_refusing_direct)
+    m, engine, _ = file_engine(tmp_path, slot=4096)
+    m.on_new_request(R)
+    assert [engine.lookup_until_known(k, R) for k in keys(1, 2)] == [
+        LookupResult.HIT
+    ] * 2
+    engine.load(keys(1, 2), R)
+    assert m.get_stats()["file"].failures == 0
+    m.shutdown()
+    assert chunk_files(tmp_path) == before
+
+
 def test_capacity_of_a_few_chunks_keeps_the_most_recent(tmp_path: Path) -> None:
     """Scenario: capacity for three chunk files, six chunks stored: the disk never
     holds more than three, the newest three hit after a restart, the rest miss."""

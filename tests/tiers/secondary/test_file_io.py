@@ -168,6 +168,35 @@ def test_file_system_refusing_direct_io_falls_back_to_the_page_cache(
     assert len([r for r in caplog.records if "direct I/O" in r.message]) == 1
 
 
+def test_a_read_before_any_write_falls_back_when_open_refuses_direct_io(
+    tmp_path: Path,
+    slots: ArrayChunkBuffer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scenario: an engine restarts on a file system that answers EINVAL to
+    O_DIRECT at open, and its first I/O is a read of a chunk the previous run
+    stored: the read goes through the page cache with the right bytes, direct
+    I/O is off from then on, and the file stays."""
+    ChunkFiles(str(tmp_path), FINGERPRINT, direct=False).write(
+        key(1), [filled(slots, 0, ALIGNED, key(1))]
+    )
+    files = ChunkFiles(str(tmp_path), FINGERPRINT)
+    if not files.direct:
+        pytest.skip("no direct I/O on this file system to begin with")
+    real_open = os.open
+
+    def open_refusing_direct(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_refusing_direct)
+    assert files.read(key(1), [slots.slot_view(1)]) == ALIGNED
+    assert bytes(slots.slot_view(1)) == payload(key(1), ALIGNED)
+    assert not files.direct
+    assert os.path.exists(files.path(key(1)))
+
+
 def test_recycled_file_of_another_size_is_resized(
     tmp_path: Path, slots: ArrayChunkBuffer
 ) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -225,6 +227,66 @@ def test_store_that_cannot_make_room_evicts_nothing_with_mixed_sizes(
     assert [e for e in tier.take_events() if e.removed] == []
     assert jobs.load([kept], [5]).success
     assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(kept, GROUPS[1])
+
+
+def open_failing(
+    monkeypatch: pytest.MonkeyPatch, path: str, error: int
+) -> Callable[[], None]:
+    """Make `os.open` of `path` fail with `error`; returns what lifts it."""
+    real_open = os.open
+
+    def failing_open(name: str, flags: int, *args: int) -> int:
+        if name == path:
+            raise OSError(error, os.strerror(error), name)
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(os, "open", failing_open)
+    return lambda: monkeypatch.setattr(os, "open", real_open)
+
+
+@pytest.mark.parametrize(
+    "error", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EIO]
+)
+def test_a_read_error_that_says_nothing_of_the_file_keeps_the_chunk(
+    tmp_path: Path,
+    buffer: ArrayChunkBuffer,
+    monkeypatch: pytest.MonkeyPatch,
+    error: int,
+) -> None:
+    """Scenario: opening a stored chunk's file fails for a reason of the process
+    or the system (no free descriptors, no memory, no permission, an I/O error),
+    not because the file is wrong: that load fails, but the file stays, no
+    removed event is sent, and once the error passes the chunk loads intact."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1])
+    tier.take_events()
+    jobs = Jobs(tier)
+    lift = open_failing(monkeypatch, tier.chunk_path(key(1)), error)
+    assert jobs.load([key(1)], [3]).failed_keys == (key(1),)
+    lift()
+    assert os.path.exists(tier.chunk_path(key(1)))
+    assert [e for e in tier.take_events() if e.removed] == []
+    assert resolve(tier, key(1)) is LookupResult.HIT
+    assert tier.get_stats().failures == 1
+    assert jobs.load([key(1)], [3]).success
+    assert bytes(buffer.slot_view(3)[: GROUPS[0]]) == payload(key(1), GROUPS[0])
+    tier.shutdown()
+
+
+def test_a_chunk_whose_file_vanished_is_a_miss_from_its_failed_load_on(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a stored chunk's file is deleted behind the tier's back (by
+    hand, or by an engine sharing the directory without rescans): its load
+    fails, the chunk is a miss from then on and is announced removed."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1])
+    tier.take_events()
+    os.unlink(tier.chunk_path(key(1)))
+    assert Jobs(tier).load([key(1)], [3]).failed_keys == (key(1),)
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert [e.keys for e in tier.take_events() if e.removed] == [(key(1),)]
+    tier.shutdown()
 
 
 def wait_until_gone(path: Path, timeout_s: float = 10.0) -> None:

@@ -332,15 +332,16 @@ class ChunkFiles:
         checksum.
 
         The lengths of `dest` sum to the expected payload length. Raises
-        `CorruptChunkError` for a file that fails any check (the caller deletes it).
+        `CorruptChunkError` for a file that fails any check (the caller deletes
+        it), and `OSError` where the file could not be read, which says nothing
+        of its contents (`FileNotFoundError`: it is gone).
         """
         payload = [part.cast("B") for part in dest]
         nbytes = sum(len(part) for part in payload)
         head = self._pages.get(payload_offset(len(key), self.fingerprint))
         expected = len(head) + nbytes
         direct = self._use_direct(payload)
-        flags = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECT if direct else 0)
-        fd = os.open(self.path(key), flags)
+        fd = self._open_for_reading(self.path(key), direct)
         try:
             size = os.fstat(fd).st_size
             if size != expected:
@@ -359,6 +360,19 @@ class ChunkFiles:
         check_header(header, key, self.fingerprint, nbytes)
         check_payload(header, payload)
         return nbytes
+
+    def _open_for_reading(self, path: str, direct: bool) -> int:
+        flags = os.O_RDONLY | _O_CLOEXEC
+        if direct:
+            # The first I/O after a restart may be a read: a file system that
+            # refuses O_DIRECT at open turns it off here, as `_create` does.
+            try:
+                return os.open(path, flags | _O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._no_direct(exc)
+        return os.open(path, flags)
 
     def delete(self, key: OffloadKey) -> None:
         """Remove a chunk file; a missing file is fine, other errors are logged."""

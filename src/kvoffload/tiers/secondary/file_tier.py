@@ -4,7 +4,8 @@ Stores and loads run on a thread pool that writes from, and reads into, the host
 slots directly. The index lives on the scheduler thread and is rebuilt from the
 directory at start, so a restarted process finds the chunks of the previous run;
 with `rescan_interval_s`, engines sharing the directory also find each other's.
-A chunk failing any check on load is a miss and its file is deleted.
+A chunk failing any check on load is a miss and its file is deleted; a file that
+cannot be read for another reason (no free descriptors, say) fails that load only.
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ class FileTier(SecondaryTier):
         bad: list[OffloadKey] = []
         for i in record.started:
             self._index.unpin(keys[i])
-            if i in result.failed and self._index.forget(keys[i]):
+            if i in result.lost and self._index.forget(keys[i]):
                 bad.append(keys[i])
         self._record_event(bad, True)
         failed = (
@@ -371,19 +372,38 @@ class FileTier(SecondaryTier):
         return BatchOutcome(failed, num_bytes)
 
     def _read_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
+        """Read the chunks at `indices`. A file failing a check is deleted and,
+        like a file that is gone, lost; any other error fails the load only."""
         failed: list[int] = []
+        lost: list[int] = []
+        errors: list[OSError] = []
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
             views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
                 num_bytes += self._files.read(key, views)
-            except (CorruptChunkError, OSError) as exc:
-                # Unreadable or wrong: never loaded, and deleted so it is a miss.
+            except CorruptChunkError as exc:
+                # Wrong bytes: never loaded, and deleted so it is a miss.
                 logger.warning("%s: dropping chunk %s: %s", self.name, key.hex(), exc)
                 self._files.delete(key)
+                lost.append(i)
+            except FileNotFoundError:
+                lost.append(i)  # evicted by an engine sharing the directory, say
+            except OSError as exc:
+                # No descriptors, memory or permission, an I/O error: nothing
+                # known to be wrong with the file, which a later load may read.
+                errors.append(exc)
                 failed.append(i)
-        return BatchOutcome(failed, num_bytes)
+        if errors:
+            logger.warning(
+                "%s: %d of %d chunk reads failed, files kept (first: %s)",
+                self.name,
+                len(errors),
+                len(indices),
+                errors[0],
+            )
+        return BatchOutcome([*failed, *lost], num_bytes, lost)
 
     def _delete_batch(self, keys: tuple[OffloadKey, ...]) -> BatchOutcome:
         for key in keys:
