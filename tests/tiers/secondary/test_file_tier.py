@@ -95,6 +95,27 @@ def test_rebuild_with_a_smaller_capacity_keeps_the_newest_files(
     small.shutdown()
 
 
+def test_rebuild_announces_only_the_chunks_it_keeps_and_counts_its_evictions(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a restart with room for two of the three chunk files on disk
+    evicts the oldest while rebuilding its index: routers hear of the two kept
+    only (never of a chunk no removed event would follow), and the eviction
+    is counted."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1, 2, 3])
+    tier.shutdown()
+    base = time.time() - 100
+    for age, i in enumerate((3, 1, 2)):  # oldest first: 3, then 1, then 2
+        os.utime(tier.chunk_path(key(i)), (base + age, base + age))
+    small = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    events = small.take_events()
+    assert [(set(e.keys), e.removed) for e in events] == [({key(1), key(2)}, False)]
+    stats = small.get_stats()
+    assert (stats.evictions, stats.occupancy) == (1, 2)
+    small.shutdown()
+
+
 def test_full_tier_evicts_least_recently_used_and_touch_refreshes(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:

@@ -3,6 +3,7 @@ the chunk files the others write, on its I/O pool, and indexes them."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -103,6 +104,30 @@ def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
     assert reader.lookup(key(2), CTX) is LookupResult.HIT
     assert reader.lookup(key(3), CTX) is LookupResult.HIT
     assert reader.get_stats().evictions == 0
+    for tier in (reader, writer):
+        tier.shutdown()
+
+
+def test_a_chunk_evicted_at_start_up_and_stored_again_by_another_engine_is_found(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: an engine restarts with room for one of two chunk files and
+    evicts the older while rebuilding its index; another engine sharing the
+    directory then stores that chunk again. The first rescan finds it, as any
+    file new since start-up."""
+    first = tier_at(tmp_path, buffer)
+    store(first, buffer, [1, 2])
+    first.shutdown()
+    base = time.time() - 100
+    for age, i in enumerate((1, 2)):  # chunk 1 is the older
+        os.utime(first.chunk_path(key(i)), (base + age, base + age))
+    reader = tier_at(tmp_path, buffer, capacity=FILE_SIZE, rescan_interval_s=RESCAN_S)
+    assert reader.lookup(key(1), CTX) is LookupResult.MISS
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer)
+    store(writer, writer_buffer, [1])
+
+    wait_for_hit(reader, [1])
     for tier in (reader, writer):
         tier.shutdown()
 

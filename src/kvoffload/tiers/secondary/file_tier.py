@@ -131,7 +131,8 @@ class FileTier(SecondaryTier):
         )
 
     def _rebuild_index(self) -> list[OffloadKey]:
-        """Index the files in place at start (oldest first); returns their keys."""
+        """Index the files in place at start (oldest first), evicting (and
+        counting) the oldest beyond capacity; returns the keys still indexed."""
         found = sorted(self._files.scan(), key=lambda f: f.mtime)
         kept: list[OffloadKey] = []
         dropped = 0
@@ -144,10 +145,14 @@ class FileTier(SecondaryTier):
             for victim in reservation.victims:
                 self._files.delete(victim)
             self._index.deleted(reservation.victims)
+            self._stats.evictions += len(reservation.victims)
             if reservation.ok:
                 kept.append(scanned.key)
             else:
                 self._files.delete(scanned.key)
+        # A key kept early may be a later file's victim: announcing it would
+        # tell routers of a chunk that is gone, with no removed event to follow.
+        kept = [key for key in kept if self._index.is_readable(key)]
         if found:
             logger.info(
                 "%s: found %d chunk files in %s (%d bytes, %d dropped)",
