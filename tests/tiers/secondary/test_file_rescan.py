@@ -21,7 +21,7 @@ class SlowFiles:
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def scan(self, remove_temporary: bool = True) -> Iterator[ScannedFile]:
+    def scan(self, remove_abandoned: bool = False) -> Iterator[ScannedFile]:
         self.started.set()
         assert self.release.wait(10.0)
         yield from self.listed

@@ -13,6 +13,7 @@ import pytest
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
 from kvoffload.tiers.secondary.file_io import chunk_file_size
+from kvoffload.tiers.secondary.file_temporary import STALE_TEMPORARY_S
 from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import (
     CTX,
@@ -52,24 +53,35 @@ def test_files_are_spread_over_directories_under_the_fingerprint(
     tier.shutdown()
 
 
-def test_rebuild_removes_temporary_files_and_keeps_chunks(
+def test_rebuild_removes_abandoned_temporary_files_and_keeps_chunks(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
+    """Scenario: a restart finds two chunk files and two temporary files: one
+    last written longer ago than any write takes (abandoned), and one of an
+    engine on another host sharing the directory, written just now (a write in
+    progress). The abandoned one is removed, the other left to its writer, and
+    neither is indexed."""
     tier = tier_at(tmp_path, buffer)
     store(tier, buffer, [1, 2])
     tier.shutdown()
-    leftover = Path(tier.chunk_path(key(3)) + ".123.456.tmp")
-    leftover.parent.mkdir(parents=True, exist_ok=True)
-    leftover.write_bytes(b"half a chunk")
+    abandoned = Path(tier.chunk_path(key(3)) + ".otherhost-1.123.456.tmp")
+    in_progress = Path(tier.chunk_path(key(4)) + ".otherhost-1.123.789.tmp")
+    for leftover in (abandoned, in_progress):
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"half a chunk")
+    old = time.time() - STALE_TEMPORARY_S - 60
+    os.utime(abandoned, (old, old))
     again = tier_at(tmp_path, buffer)
-    assert not leftover.exists()
+    assert not abandoned.exists()
+    assert in_progress.exists()
     # What it found is announced as stored, for KV-event consumers.
     assert [(set(e.keys), e.removed) for e in again.take_events()] == [
         ({key(1), key(2)}, False)
     ]
-    assert [resolve(again, key(i)) for i in (1, 2, 3)] == [
+    assert [resolve(again, key(i)) for i in (1, 2, 3, 4)] == [
         LookupResult.HIT,
         LookupResult.HIT,
+        LookupResult.MISS,
         LookupResult.MISS,
     ]
     assert again.used_bytes == 2 * FILE_SIZE

@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
 from kvoffload.worker import GroupGeometry, HostPool, PoolGeometry
@@ -105,6 +107,32 @@ def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
     assert reader.lookup(key(3), CTX) is LookupResult.HIT
     assert reader.get_stats().evictions == 0
     for tier in (reader, writer):
+        tier.shutdown()
+
+
+def test_an_engine_starting_up_leaves_a_peers_write_in_progress(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: engine A, on a directory it shares, is writing a chunk (its
+    temporary file is on disk, not yet renamed) when engine B starts on the
+    same directory. B's start-up leaves A's temporary file alone: A's store
+    succeeds and B's first rescan finds the chunk."""
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer, rescan_interval_s=RESCAN_S)
+    starting: list[FileTier] = []
+    real_pwritev = os.pwritev
+
+    def peer_starts_mid_write(fd: int, buffers: list[memoryview], offset: int) -> int:
+        written: int = real_pwritev(fd, buffers, offset)
+        if not starting:
+            starting.append(tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S))
+        return written
+
+    monkeypatch.setattr(os, "pwritev", peer_starts_mid_write)
+    store(writer, writer_buffer, [1])
+    assert writer.get_stats().failures == 0
+    wait_for_hit(starting[0], [1])
+    for tier in (writer, *starting):
         tier.shutdown()
 
 

@@ -9,7 +9,8 @@ complete. Payloads move with direct I/O when their length and host address are
 4 KiB-aligned (see `ChunkFiles`). These functions run on I/O threads and raise
 `OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
 `remove_all` (a reset) renames `<root>/<fingerprint>` aside, to a hidden
-`.<fingerprint>.<id>.deleting`, and deletes that in the background.
+`.<fingerprint>.<id>.deleting`, and deletes that in the background. Temporary
+files are named by their writers (see `file_temporary`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -39,11 +41,15 @@ from kvoffload.tiers.secondary.codec import (
     header_size,
     payload_checksum,
 )
+from kvoffload.tiers.secondary.file_temporary import (
+    TMP_SUFFIX,
+    is_abandoned,
+    temporary_suffix,
+)
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SUFFIX = ".kvc"
-TMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
 """A fingerprint directory renamed aside by `remove_all`, being deleted."""
 ALIGN = 4096
@@ -196,11 +202,9 @@ class ChunkFiles:
     def check_writable(self) -> None:
         """Create and remove a file in the directory; raises the `OSError` of a
         directory this process cannot write (read-only, no permission). Named
-        as a temporary file, so a process killed here leaves nothing the next
+        as a temporary file, so a process killed here leaves nothing a later
         start does not remove."""
-        probe = os.path.join(
-            self.directory, f".probe.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
-        )
+        probe = os.path.join(self.directory, f".probe{temporary_suffix()}")
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644))
         os.unlink(probe)
 
@@ -264,7 +268,7 @@ class ChunkFiles:
         buffers = [self._header_page(key, header), *data]
         size = sum(len(b) for b in buffers)
         direct = self._use_direct(data)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+        tmp = path + temporary_suffix()
         fd = self._reuse(recycle, tmp, direct) if recycle is not None else None
         if fd is None:
             fd = self._create(tmp, direct)
@@ -402,7 +406,7 @@ class ChunkFiles:
             aside = ""  # removed by hand, say: nothing to delete
         except OSError as exc:
             logger.warning("cannot rename %s aside: %s", self.directory, exc)
-            for scanned in self.scan():
+            for scanned in self.scan(remove_abandoned=True):
                 self.delete(scanned.key)
             return
         with contextlib.suppress(OSError):  # writes create it too
@@ -422,21 +426,21 @@ class ChunkFiles:
             return
         _delete_trees([os.path.join(root, e) for e in entries if name.fullmatch(e)])
 
-    def scan(self, remove_temporary: bool = True) -> Iterator[ScannedFile]:
-        """Every chunk file in place; leftover temporary files are removed unless
-        `remove_temporary` is false.
+    def scan(self, remove_abandoned: bool = False) -> Iterator[ScannedFile]:
+        """Every chunk file in place; with `remove_abandoned`, the temporary
+        files no live process is writing (`is_abandoned`) are removed.
 
-        Temporary files are what a process killed mid-write leaves behind, at
-        start-up; a rescan of a directory other engines share must leave them, as
-        they may be those engines' writes in progress.
+        An abandoned temporary file is what a process killed mid-write left
+        behind. Others may be writes in progress, of this process or of engines
+        sharing the directory (or starting their own tier), and are left alone.
         """
+        now = time.time()
         for dirpath, _dirnames, filenames in os.walk(self.directory):
             for name in filenames:
                 full = os.path.join(dirpath, name)
                 if name.endswith(TMP_SUFFIX):
-                    if remove_temporary:
-                        with contextlib.suppress(OSError):
-                            os.unlink(full)
+                    if remove_abandoned:
+                        self._remove_if_abandoned(full, now)
                     continue
                 if not name.endswith(CHUNK_SUFFIX):
                     continue
@@ -451,3 +455,9 @@ class ChunkFiles:
                 except OSError:
                     continue
                 yield ScannedFile(key, st.st_size, st.st_mtime)
+
+    @staticmethod
+    def _remove_if_abandoned(path: str, now: float) -> None:
+        with contextlib.suppress(OSError):  # gone already: renamed into place, say
+            if is_abandoned(os.path.basename(path), os.stat(path).st_mtime, now):
+                os.unlink(path)

@@ -93,7 +93,7 @@ class Rescanner:
         gone: list[OffloadKey] = []
         keys: set[OffloadKey] | None = None
         try:
-            found = list(self._files.scan(remove_temporary=False))
+            found = list(self._files.scan())  # other engines' writes stay
             new = sorted((f for f in found if f.key not in seen), key=lambda f: f.mtime)
             keys = {f.key for f in found}
             # Files this rescanner deleted are reported by `_delete` already;

@@ -133,7 +133,7 @@ class FileTier(SecondaryTier):
     def _rebuild_index(self) -> list[OffloadKey]:
         """Index the files in place at start (oldest first), evicting (and
         counting) the oldest beyond capacity; returns the keys still indexed."""
-        found = sorted(self._files.scan(), key=lambda f: f.mtime)
+        found = sorted(self._files.scan(remove_abandoned=True), key=lambda f: f.mtime)
         kept: list[OffloadKey] = []
         dropped = 0
         for scanned in found:
