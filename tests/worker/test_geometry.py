@@ -40,6 +40,27 @@ def test_budget_below_one_slot_is_an_error_naming_the_setting() -> None:
         geometry.num_slots_for(geometry.slot_nbytes - 1)
 
 
+def test_ranks_share_the_budget_with_the_same_slots_each() -> None:
+    """The budget is the engine's total: each of 2 ranks' pools gets the whole
+    slots of half of it, the same number on both."""
+    geometry = PoolGeometry.of([FULL])
+    slot = geometry.slot_nbytes
+    assert geometry.num_slots_for(10 * slot, ranks=2) == 5
+    assert geometry.num_slots_for(11 * slot, ranks=2) == 5
+    assert geometry.num_slots_for(10 * slot, ranks=1) == 10
+
+
+def test_budget_below_one_slot_on_every_rank_is_an_error_naming_it() -> None:
+    geometry = PoolGeometry.of([FULL])
+    slot = geometry.slot_nbytes
+    with pytest.raises(
+        ValueError,
+        match=rf"cpu_bytes_to_use: {2 * slot - 1} bytes is smaller than one chunk "
+        rf"slot on each of 2 ranks \({2 * slot} bytes\)",
+    ):
+        geometry.num_slots_for(2 * slot - 1, ranks=2)
+
+
 def test_unknown_group_is_a_key_error() -> None:
     with pytest.raises(KeyError, match="group 5"):
         PoolGeometry.of([FULL]).chunk_nbytes(5)

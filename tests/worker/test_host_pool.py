@@ -201,6 +201,27 @@ def test_a_budget_the_shm_dir_cannot_hold_names_the_setting_and_the_room(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_budget_the_shm_dir_cannot_hold_names_what_all_ranks_need(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a two-rank engine's cpu_bytes_to_use is larger than /dev/shm:
+    the error names the budget and the bytes both ranks' pools need together."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    caches, spec = _one_group_caches()
+    slot = describe_kv_caches(caches, [spec]).geometry.slot_nbytes
+    with pytest.raises(ValueError) as caught:
+        create_data_plane(
+            caches, [spec], 7 * slot, ranks=2, pool_name=name, shm_dir=str(tmp_path)
+        )
+    message = str(caught.value)
+    assert message.startswith(f"cpu_bytes_to_use: {7 * slot} bytes")
+    assert f" free: its 3 chunk slots on each of 2 ranks need {6 * slot} " in message
+
+
 def test_a_budget_too_large_to_map_names_the_setting() -> None:
     """8 EiB and more cannot even be asked of the kernel (OverflowError)."""
     caches, spec = _one_group_caches()

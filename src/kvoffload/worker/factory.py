@@ -48,16 +48,20 @@ def create_data_plane(
     groups: Sequence[GroupSpec],
     cpu_bytes_to_use: int,
     *,
+    ranks: int = 1,
     pool_name: str | None = None,
     shm_dir: str = DEFAULT_SHM_DIR,
     copy_threads: int = 1,
 ) -> tuple[KVLayout, HostPool, TransferWorker]:
     """Register `kv_caches`, allocate the host pool from the byte budget, start
     the worker. With `pool_name` the pool is shared memory others can attach to.
-    A budget the host cannot give (`shm_dir` too small, say) is a `ValueError`
-    naming `cpu_bytes_to_use` and the room there is."""
+
+    `cpu_bytes_to_use` is shared by the pools of the engine's `ranks`
+    tensor-parallel ranks: this rank's pool gets the slots of a `ranks`-th
+    (`PoolGeometry.num_slots_for`). A budget the host cannot give (`shm_dir` too
+    small, say) is a `ValueError` naming `cpu_bytes_to_use` and the room there is."""
     layout = describe_kv_caches(kv_caches, groups)
-    pool = _create_pool(layout, cpu_bytes_to_use, pool_name, shm_dir)
+    pool = _create_pool(layout, cpu_bytes_to_use, ranks, pool_name, shm_dir)
     try:
         worker = create_transfer_worker(
             kv_caches, layout, pool, copy_threads=copy_threads
@@ -69,12 +73,16 @@ def create_data_plane(
 
 
 def _create_pool(
-    layout: KVLayout, cpu_bytes_to_use: int, pool_name: str | None, shm_dir: str
+    layout: KVLayout,
+    cpu_bytes_to_use: int,
+    ranks: int,
+    pool_name: str | None,
+    shm_dir: str,
 ) -> HostPool:
     """The host pool, or a start-up error naming `cpu_bytes_to_use` when its
     memory cannot be had (the kernel's bare "No space left on device" names
     neither the setting nor the room there is)."""
-    num_slots = layout.geometry.num_slots_for(cpu_bytes_to_use)
+    num_slots = layout.geometry.num_slots_for(cpu_bytes_to_use, ranks)
     try:
         return HostPool.create(
             layout.geometry,
@@ -86,10 +94,12 @@ def _create_pool(
     except (OSError, OverflowError) as exc:
         if isinstance(exc, OSError) and exc.errno not in _NO_ROOM:
             raise
-        needed = num_slots * layout.geometry.slot_nbytes
+        # The ranks' pools share the host, so the room they need is their sum.
+        needed = num_slots * layout.geometry.slot_nbytes * ranks
+        where = "" if ranks == 1 else f" on each of {ranks} ranks"
         raise ValueError(
             f"cpu_bytes_to_use: {_size(cpu_bytes_to_use)} does not fit in "
-            f"{_room(pool_name, shm_dir)}: its {num_slots} chunk slots need "
+            f"{_room(pool_name, shm_dir)}: its {num_slots} chunk slots{where} need "
             f"{_size(needed)} ({exc}); lower cpu_bytes_to_use"
             f"{_make_room_hint(pool_name, shm_dir)}"
         ) from exc

@@ -80,13 +80,22 @@ class PoolGeometry:
     def chunk_nbytes(self, group: int) -> int:
         return self.group(group).chunk_nbytes
 
-    def num_slots_for(self, cpu_bytes_to_use: int) -> int:
-        """How many slots fit in `cpu_bytes_to_use` bytes (at least one, else error)."""
-        slots = cpu_bytes_to_use // self.slot_nbytes
+    def num_slots_for(self, cpu_bytes_to_use: int, ranks: int = 1) -> int:
+        """How many slots each of `ranks` pools of this geometry has when they
+        share `cpu_bytes_to_use` bytes: the same number in every pool, so that a
+        chunk has the same slot on every rank (at least one, else error).
+
+        With tensor parallelism every rank's pool holds that rank's slice of each
+        chunk, so one chunk costs `ranks` slots; as in vLLM's
+        OffloadingConnector, the budget is the engine's total, not each rank's.
+        """
+        chunk_nbytes = self.slot_nbytes * ranks
+        slots = cpu_bytes_to_use // chunk_nbytes
         if slots < 1:
+            where = "" if ranks == 1 else f" on each of {ranks} ranks"
             raise ValueError(
                 f"cpu_bytes_to_use: {cpu_bytes_to_use} bytes is smaller than one "
-                f"chunk slot ({self.slot_nbytes} bytes); allowed: at least "
-                f"{self.slot_nbytes}"
+                f"chunk slot{where} ({chunk_nbytes} bytes); allowed: at least "
+                f"{chunk_nbytes}"
             )
         return slots

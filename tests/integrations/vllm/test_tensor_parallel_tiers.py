@@ -42,9 +42,11 @@ def shape(tp_size: int) -> EngineShape:
 
 
 def settings(tier_dir: Path, slots: int, engine: EngineShape) -> KVOffloadSettings:
+    """`slots` host slots on each rank: cpu_bytes_to_use is all ranks' bytes."""
+    slot_nbytes = engine.pool_geometry().slot_nbytes
     return KVOffloadSettings.from_extra_config(
         {
-            "cpu_bytes_to_use": slots * engine.pool_geometry().slot_nbytes,
+            "cpu_bytes_to_use": slots * slot_nbytes * engine.tp_size,
             "blocks_per_chunk": 2,
             "secondary_tiers": [
                 {"type": "file", "path": str(tier_dir), "capacity": "4MiB"}

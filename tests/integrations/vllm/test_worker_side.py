@@ -6,6 +6,7 @@ takes what the connector reports to vLLM.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,3 +82,47 @@ def test_a_stale_load_already_reported_is_not_reported_again(
     assert _finished(worker_side, 1) == ({"L"}, set())
     worker_side.bind(StepPlan(stale_loads=(1,)))
     assert worker_side.take_finished() == (set(), set())
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_cpu_bytes_to_use_is_shared_by_the_engines_ranks(tp_size: int) -> None:
+    """Scenario: cpu_bytes_to_use is 8 chunk slots' worth of one rank's bytes and
+    the engine has `tp_size` tensor-parallel ranks. As in vLLM's
+    OffloadingConnector it is the engine's total: every rank's worker creates a
+    host pool of 8 / tp_size slots, the pools together take no more than
+    cpu_bytes_to_use, and the scheduler side counts the same slots."""
+    import torch
+
+    from kvoffload.integrations.vllm.engine_shape import GroupShape
+    from kvoffload.integrations.vllm.scheduler_side import build_manager
+    from kvoffload.tiers.primary import CPUOffloadingManager
+    from kvoffload.worker import HostPool
+
+    heads, head_size, blocks = 2, 4, 32  # each rank's KV heads
+    layer_block = 2 * BLOCK * heads * head_size * 4  # K and V, float32
+    group = GroupShape(0, BLOCK, PER_CHUNK, ("l0",), layer_block, "FullAttentionSpec")
+    shape = EngineShape(
+        (group,), blocks, BLOCK, "tiny@", "float32", tp_size, uuid.uuid4().hex[:8]
+    )
+    budget = 8 * shape.pool_geometry().slot_nbytes
+    settings = KVOffloadSettings.from_extra_config(
+        {"cpu_bytes_to_use": budget, "blocks_per_chunk": PER_CHUNK}
+    )
+    sides = [WorkerSide(settings, shape, rank) for rank in range(tp_size)]
+    pools: list[HostPool] = []
+    try:
+        for side in sides:
+            side.register_kv_caches(
+                {"l0": torch.zeros(2, blocks, BLOCK, heads, head_size)}
+            )
+        pools = [HostPool.attach(shape.pool_name(r)) for r in range(tp_size)]
+        assert [pool.num_slots for pool in pools] == [8 // tp_size] * tp_size
+        assert sum(pool.nbytes for pool in pools) <= budget
+        manager, _, _ = build_manager(settings, shape, enable_events=False)
+        assert isinstance(manager, CPUOffloadingManager)
+        assert manager.num_chunks == 8 // tp_size
+    finally:
+        for pool in pools:
+            pool.close()
+        for side in sides:
+            side.shutdown()

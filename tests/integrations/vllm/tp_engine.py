@@ -24,6 +24,8 @@ FILLERS = [synthetic_text(240, seed=10 + i) for i in range(8)]
 
 
 def kv_config(directory: str) -> dict[str, Any]:
+    # The engine's total, as in vLLM: 64 chunk slots at any TP (a rank's slice
+    # of a chunk is PAGE / TP), more than the 18 chunks of A and the fillers.
     extra: dict[str, Any] = {"cpu_bytes_to_use": "32MiB"}
     if directory != "-":
         extra["secondary_tiers"] = [

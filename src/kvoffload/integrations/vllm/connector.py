@@ -106,7 +106,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             events = vllm_config.kv_events_config
             # Stores in flight each hold a host slot: no more are pending.
-            slots = shape.pool_geometry().num_slots_for(self._settings.cpu_bytes_to_use)
+            slots = shape.host_slots(self._settings.cpu_bytes_to_use)
             describer = (
                 KVEventDescriber(kv_cache_config, shape, pending=slots)
                 if events is not None and events.enable_kv_cache_events

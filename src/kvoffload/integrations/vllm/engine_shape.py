@@ -3,7 +3,7 @@
 From `KVCacheConfig`: the KV-cache groups (engine block size, layers, bytes per
 block per layer), the hash granularity; from `VllmConfig`: the model identity,
 parallelism and whether the engine keeps a prefix cache. Both connector roles derive the same shape, so the scheduler computes
-the same number of host slots as the worker allocates, and the same fingerprint
+the same number of host slots as every worker allocates, and the same fingerprint
 names the model and layout in keys, files and Redis.
 
 How the KV bytes are arranged in memory (the attention backend's K/V-major or
@@ -173,6 +173,12 @@ class EngineShape:
             )
             for g in self.groups
         )
+
+    def host_slots(self, cpu_bytes_to_use: int) -> int:
+        """The chunk slots of each rank's host pool: `cpu_bytes_to_use` is the
+        engine's total over its tensor-parallel ranks, as in vLLM's
+        OffloadingConnector. The scheduler side and every worker count the same."""
+        return self.pool_geometry().num_slots_for(cpu_bytes_to_use, self.tp_size)
 
     def pool_name(self, rank: int) -> str:
         return f"kvoffload-{self.engine_id}-r{rank}"

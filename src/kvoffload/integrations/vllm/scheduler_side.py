@@ -58,7 +58,7 @@ def build_manager(
     """
     geometry = shape.pool_geometry()
     primary = CPUOffloadingManager(
-        geometry.num_slots_for(settings.cpu_bytes_to_use),
+        shape.host_slots(settings.cpu_bytes_to_use),
         settings.eviction_policy,
         store_threshold=settings.store_threshold,
         max_tracker_size=settings.max_tracker_size,

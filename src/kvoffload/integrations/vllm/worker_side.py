@@ -60,6 +60,7 @@ class WorkerSide:
             kv_caches,
             specs,
             self._settings.cpu_bytes_to_use,
+            ranks=self._shape.tp_size,
             pool_name=self._shape.pool_name(self._rank),
         )
         if layout.device == "cpu":
