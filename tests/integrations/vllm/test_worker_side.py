@@ -126,3 +126,27 @@ def test_cpu_bytes_to_use_is_shared_by_the_engines_ranks(tp_size: int) -> None:
             pool.close()
         for side in sides:
             side.shutdown()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "pipeline_parallel_size",
+        "prefill_context_parallel_size",
+        "decode_context_parallel_size",
+    ],
+)
+def test_a_parallel_layout_other_than_tensor_parallel_is_refused_at_start_up(
+    setting: str,
+) -> None:
+    """Scenario: an engine with two pipeline stages (or context-parallel ranks)
+    loads the connector: its pools would be named and sized per tensor-parallel
+    rank only, so start-up fails, naming the setting."""
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 1 << 20, "blocks_per_chunk": PER_CHUNK}
+    config, kv_config = vllm_config(extra), kv_cache_config()
+    setattr(config.parallel_config, setting, 2)
+    settings = KVOffloadSettings.from_extra_config(extra)
+    with pytest.raises(ValueError, match=f"{setting}=2 is not supported"):
+        EngineShape.from_vllm(config, kv_config, settings, False)
+    setattr(config.parallel_config, setting, 1)
+    assert EngineShape.from_vllm(config, kv_config, settings, False).tp_size == 1

@@ -99,6 +99,7 @@ class EngineShape:
             raise ValueError("kvoffload: the engine has no KV-cache groups to offload")
         hash_tokens = math.gcd(*(g.tokens_per_block for g in groups))
         parallel = vllm_config.parallel_config
+        _refuse_unsupported_parallelism(parallel)
         model = vllm_config.model_config
         transfer = vllm_config.kv_transfer_config
         return cls(
@@ -182,3 +183,24 @@ class EngineShape:
 
     def pool_name(self, rank: int) -> str:
         return f"kvoffload-{self.engine_id}-r{rank}"
+
+
+# Parallel layouts whose ranks hold different layers or different tokens of one
+# chunk: the host pools, their names and cpu_bytes_to_use's split follow tensor
+# parallel ranks only, so these would share pool names across stages and split
+# the budget unlike vLLM. Refused at start-up rather than served wrongly.
+_UNSUPPORTED_PARALLELISM = (
+    "pipeline_parallel_size",
+    "prefill_context_parallel_size",
+    "decode_context_parallel_size",
+)
+
+
+def _refuse_unsupported_parallelism(parallel: Any) -> None:
+    for name in _UNSUPPORTED_PARALLELISM:
+        size = getattr(parallel, name, 1)
+        if size not in (None, 1):
+            raise ValueError(
+                f"kvoffload: {name}={size!r} is not supported; kvoffload runs "
+                "with tensor parallelism only (every other parallel size 1)"
+            )
