@@ -4,12 +4,14 @@ Walk each group's keys in prefix order from the chunk holding the first token th
 engine lacks: `HIT` counts, `HIT_PENDING` counts and defers, `RETRY` defers, `MISS`
 stops. A prefix counts only as far as every group can serve it, at least one whole
 chunk past the engine's hit, capped by `max_load_tokens` and by the last prompt
-token (which the engine must compute itself). A deferral lasts at most
-`max_defer_s`; then the request proceeds with what is readable.
+token (which the engine must compute itself). The request defers only when the
+chunks in flight, once readable, would raise that answer through the same clamps.
+A deferral lasts at most `max_defer_s`; then the request proceeds with what is
+readable.
 
-No convoy: when the first chunk a request needs is being loaded into the engine by
-another request, the request waits for that load (it lands in the engine's own
-prefix cache) instead of loading the same chunks again. On a single host link its
+No convoy: when the first chunk a request would load is being loaded into the
+engine by another request, the request waits for that load (it lands in the
+engine's own prefix cache) instead of loading the same chunks again. On a single host link its
 own load would queue behind that one, so waiting is never slower than loading.
 """
 
@@ -21,7 +23,7 @@ from kvoffload.connector.base import Clock
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.request_state import RequestState
 from kvoffload.keys import OffloadKey
-from kvoffload.tiers.base import OffloadingManager
+from kvoffload.tiers.base import OffloadingManager, PrefixLookup
 
 
 class LookupPlanner:
@@ -43,33 +45,51 @@ class LookupPlanner:
     def num_loadable_tokens(
         self, state: RequestState, num_computed_tokens: int
     ) -> int | None:
-        """Tokens to load past `num_computed_tokens`, or `None` to be asked again."""
+        """Tokens to load past `num_computed_tokens`, or `None` to be asked again.
+
+        `None` only while waiting may give the request more than it gets now:
+        chunks in flight (or a tier that could not answer yet) lie within what it
+        could load, clamped as the answer is, or another request is loading the
+        first chunk it would load. Never past its deferral bound.
+        """
         cap = state.ctx.params.max_load_tokens
         if cap == 0 or not self._all_offloaded or state.load_failed:
             return 0
         state.refresh_keys()
         firsts = [num_computed_tokens // g.tokens_per_chunk for g in state.groups]
-        must_wait = self._config.engine_prefix_caching and any(
-            # another request is loading it into the engine
-            first < len(g.keys) and g.keys[first] in self._loading
-            for g, first in zip(state.groups, firsts, strict=True)
-        )
         # All groups in one call: a promotion for one group must not evict what
         # another group counted.
         founds = self._manager.lookup_prefixes(
             [g.keys[first:] for g, first in zip(state.groups, firsts, strict=True)],
             state.ctx,
         )
-        hit_end = min(
-            (first + found.ready) * g.tokens_per_chunk
-            for g, first, found in zip(state.groups, firsts, founds, strict=True)
+        now = self._clamp(
+            state,
+            num_computed_tokens,
+            _hit_end(state, firsts, founds, in_flight=False),
+            cap,
         )
-        must_wait = must_wait or any(found.must_wait for found in founds)
-        external = self._clamp(state, num_computed_tokens, hit_end, cap)
+        bound = self._clamp(
+            state,
+            num_computed_tokens,
+            _hit_end(state, firsts, founds, in_flight=True),
+            cap,
+        )
+        # The chunk at `first` holds the token at `num_computed_tokens`, so another
+        # request's load of it serves this one only if its bound is past that token.
+        must_wait = bound > now or (bound > 0 and self._being_loaded(state, firsts))
         if must_wait and self._may_defer(state):
             return None
         state.deferred_since = None
-        return external
+        return now
+
+    def _being_loaded(self, state: RequestState, firsts: list[int]) -> bool:
+        """Whether another request is loading a first chunk of this one into an
+        engine that keeps it in its own prefix cache."""
+        return self._config.engine_prefix_caching and any(
+            first < len(g.keys) and g.keys[first] in self._loading
+            for g, first in zip(state.groups, firsts, strict=True)
+        )
 
     def _clamp(
         self, state: RequestState, computed: int, hit_end: int, cap: int | None
@@ -90,3 +110,25 @@ class LookupPlanner:
             state.deferred_since = now
             return True
         return now - state.deferred_since < self._config.max_defer_s
+
+
+def _hit_end(
+    state: RequestState,
+    firsts: list[int],
+    founds: list[PrefixLookup],
+    *,
+    in_flight: bool,
+) -> int:
+    """Where the prefix every group can serve ends: what is readable now, or, with
+    `in_flight`, also what is in flight (all of a group's keys where its tier
+    could not answer yet)."""
+    ends = []
+    for group, first, found in zip(state.groups, firsts, founds, strict=True):
+        if not in_flight:
+            chunks = first + found.ready
+        elif found.retry:
+            chunks = len(group.keys)
+        else:
+            chunks = first + found.present
+        ends.append(chunks * group.tokens_per_chunk)
+    return min(ends)
