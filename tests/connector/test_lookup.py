@@ -1,6 +1,7 @@
 """When a lookup defers, and for how long (SPEC §3.7 lookup and no convoy).
 
-A request waits only for chunks it could load once they are readable.
+A request waits only for chunks it could load once they are readable, and only
+for `max_defer_s` in all, however often the engine asks again.
 """
 
 from __future__ import annotations
@@ -8,9 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload import CPUOffloadingManager, ReqContext
-from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+)
 from kvoffload.engine_model import SimClock, SimRequest
 from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
+from kvoffload.worker.base import JobResult
 
 WRITER = ReqContext("writer")
 
@@ -109,3 +116,49 @@ def test_a_request_does_not_wait_for_another_requests_load_it_could_not_use() ->
     assert connector.get_num_new_matched_tokens(b, 16) == 0
     d = _request("D", tokens, 16)
     assert connector.get_num_new_matched_tokens(d, 0) is None
+
+
+# -- how long it waits -------------------------------------------------------------
+
+
+def _waiting_for_a_store(
+    max_defer_s: float,
+) -> tuple[OffloadConnector, SimRequest, SimClock]:
+    """R's four chunks are being stored by another request, which never lands."""
+    connector, manager, clock = _connector(GroupSpec(4, 3), max_defer_s=max_defer_s)
+    r = _request("R", list(range(52)), 4)
+    _store(manager, [], _keys(r, 3))
+    return connector, r, clock
+
+
+def test_a_deferral_ends_after_max_defer_s_however_often_the_engine_asks() -> None:
+    """Scenario: the engine asks every 0.25 s (vLLM asks each step while it cannot
+    schedule the request, for want of blocks, say). R waits 1 s from its first
+    deferral, then is answered every time it is asked until it is admitted."""
+    connector, r, clock = _waiting_for_a_store(max_defer_s=1.0)
+    answers = []
+    for step in range(13):
+        clock.now = step * 0.25
+        answers.append(connector.get_num_new_matched_tokens(r, 0))
+    assert answers == [None] * 4 + [0] * 9
+
+
+def test_max_defer_s_zero_never_defers() -> None:
+    connector, r, _ = _waiting_for_a_store(max_defer_s=0.0)
+    assert connector.get_num_new_matched_tokens(r, 0) == 0
+    assert connector.get_stats().deferrals == 0
+
+
+def test_a_preempted_request_may_wait_again() -> None:
+    """Scenario: R waited its full bound, was admitted and ran, then was
+    preempted. Looked up again, it may wait anew for chunks in flight."""
+    connector, r, clock = _waiting_for_a_store(max_defer_s=1.0)
+    assert connector.get_num_new_matched_tokens(r, 0) is None
+    clock.now = 1.0
+    assert connector.get_num_new_matched_tokens(r, 0) == 0
+    connector.update_state_after_alloc("R", [list(range(1, 14))], 0, 0)
+    plan = connector.build_step([ScheduledRequest("R", 0, 52)])
+    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
+    connector.on_preempted(["R"])
+    clock.now = 5.0
+    assert connector.get_num_new_matched_tokens(r, 0) is None

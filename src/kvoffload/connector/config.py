@@ -52,8 +52,9 @@ class ConnectorConfig:
       Defaults to the smallest group block size.
     - `offload_prompt_only`: store only chunks inside the prompt (default true).
     - `max_defer_s`: the longest a request's lookup may be deferred while chunks
-      it could load are still in flight; after that it proceeds with what is
-      readable.
+      it could load are still in flight, in all, from its first deferral until it
+      is admitted; after that it proceeds with what is readable (`0`: never
+      deferred).
     - `world_size`: worker ranks that report each job; a job completes when all
       have reported, and succeeds only if all succeeded.
     - `engine_prefix_caching`: the engine keeps loaded blocks in its own prefix

@@ -6,7 +6,8 @@ stops. A prefix counts only as far as every group can serve it, at least one who
 chunk past the engine's hit, capped by `max_load_tokens` and by the last prompt
 token (which the engine must compute itself). The request defers only when the
 chunks in flight, once readable, would raise that answer through the same clamps.
-A deferral lasts at most `max_defer_s`; then the request proceeds with what is
+Deferrals last at most `max_defer_s` in all, from the first one until the request
+is admitted, however often the engine asks; then the request proceeds with what is
 readable.
 
 No convoy: when the first chunk a request would load is being loaded into the
@@ -80,7 +81,6 @@ class LookupPlanner:
         must_wait = bound > now or (bound > 0 and self._being_loaded(state, firsts))
         if must_wait and self._may_defer(state):
             return None
-        state.deferred_since = None
         return now
 
     def _being_loaded(self, state: RequestState, firsts: list[int]) -> bool:
@@ -105,10 +105,13 @@ class LookupPlanner:
         return external
 
     def _may_defer(self, state: RequestState) -> bool:
+        """Whether the request may wait now: for `max_defer_s` from its first
+        deferral, however often it is asked meanwhile (vLLM asks every step while
+        it cannot schedule the request), and never again until it is admitted
+        or preempted (`RequestState.deferred_since`)."""
         now = self._clock()
         if state.deferred_since is None:
             state.deferred_since = now
-            return True
         return now - state.deferred_since < self._config.max_defer_s
 
 

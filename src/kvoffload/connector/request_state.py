@@ -66,6 +66,8 @@ class RequestState:
     hit_tokens: int = 0
     """Tokens the engine started from at first schedule (its own hit plus loads)."""
     deferred_since: float | None = None
+    """When the lookup first deferred the request; kept across its answers until
+    it is admitted or preempted, so deferrals add up to at most `max_defer_s`."""
     load_failed: bool = False
     """A load for this request failed: it recomputes, and loads nothing more."""
     cursors_started: bool = False

@@ -139,6 +139,7 @@ class OffloadConnector:
         (`num_computed_tokens`) are freshly allocated.
         """
         state = self._requests[request_id]
+        state.deferred_since = None  # admitted: a later lookup may wait anew
         self._guard.release(state)
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
