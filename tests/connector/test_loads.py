@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from kvoffload import CPUOffloadingManager, ReqContext
@@ -265,10 +267,7 @@ def test_a_load_whose_chunks_left_the_host_tier_fails_cleanly() -> None:
     engine recomputes) and B does not try to load again."""
     connector, manager, _, hasher = _lookup_harness()
     a, b = _b_finds_what_a_stored(connector, hasher)
-    other = ReqContext("other")
-    evicting = [OffloadKey(bytes([i]) * 36) for i in range(16)]
-    assert manager.prepare_store(evicting, other) is not None  # takes every slot
-    manager.complete_store(evicting, other)
+    _push_out_of_host_memory(manager)
 
     connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
     (load,) = connector.build_step([]).loads
@@ -277,7 +276,71 @@ def test_a_load_whose_chunks_left_the_host_tier_fails_cleanly() -> None:
     assert connector.take_load_results() == ([], ["B"])
     assert connector.get_stats().failed_load_jobs == 1
     assert connector.get_num_new_matched_tokens(b, 0) == 0
-    assert manager.prepare_store(_keys(a), other) is not None, "nothing pinned"
+    assert manager.prepare_store(_keys(a), ReqContext("other")) is not None, (
+        "nothing pinned"
+    )
+
+
+def _push_out_of_host_memory(manager: CPUOffloadingManager) -> None:
+    """Another request's stores take every slot of the host tier."""
+    other = ReqContext("other")
+    evicting = [OffloadKey(bytes([i]) * 36) for i in range(16)]
+    assert manager.prepare_store(evicting, other) is not None
+    manager.complete_store(evicting, other)
+
+
+def _fail_before_planning(
+    connector: OffloadConnector, manager: CPUOffloadingManager
+) -> None:
+    _push_out_of_host_memory(manager)
+    connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
+    (load,) = connector.build_step([]).loads
+    connector.on_job_results([JobResult(load.job_id, False)])
+
+
+def _fail_in_the_worker(
+    connector: OffloadConnector, manager: CPUOffloadingManager
+) -> None:
+    connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
+    (load,) = connector.build_step([]).loads
+    connector.on_job_results([JobResult(load.job_id, False)])
+    _push_out_of_host_memory(manager)
+
+
+def _fail_by_a_reset(
+    connector: OffloadConnector, manager: CPUOffloadingManager
+) -> None:
+    connector.update_state_after_alloc("B", [list(range(20, 30))], 0, 36)
+    (load,) = connector.build_step([]).loads
+    connector.reset_cache()
+    assert connector.build_step([]).stale_loads == (load.job_id,)
+    connector.on_job_results([JobResult(load.job_id, False)])
+
+
+@pytest.mark.parametrize(
+    "fail_load",
+    [_fail_before_planning, _fail_in_the_worker, _fail_by_a_reset],
+    ids=["chunks-gone-before-planning", "worker-failed", "reset-while-loading"],
+)
+def test_chunks_a_request_recomputes_after_its_load_failed_are_stored(
+    fail_load: Callable[[OffloadConnector, CPUOffloadingManager], None],
+) -> None:
+    """Scenario: B's lookup counts the three chunks A stored; B's load fails (its
+    chunks left host memory before it was planned; the worker failed it and
+    other stores then pushed them out; a reset dropped them while it ran), so B
+    recomputes its prompt. B computed those chunks, so it stores them again
+    (CHUNK_LEVEL), and C, on the same prompt, finds them in host memory."""
+    connector, manager, _, hasher = _lookup_harness()
+    _b_finds_what_a_stored(connector, hasher)
+    fail_load(connector, manager)
+    assert connector.take_load_results() == ([], ["B"])
+
+    (store,) = connector.build_step([ScheduledRequest("B", 0, 40)]).stores
+    connector.on_job_results([JobResult(store.job_id, True)])
+    connector.request_finished("B")
+    c = _sim("C", list(range(40)), hasher)
+    connector.on_new_request(c)
+    assert connector.get_num_new_matched_tokens(c, 0) == 36
 
 
 def _keys(req: SimRequest) -> list[OffloadKey]:

@@ -64,7 +64,10 @@ class RequestState:
     load_keys: tuple[OffloadKey, ...] = ()
     store_jobs: set[int] = field(default_factory=set)
     hit_tokens: int = 0
-    """Tokens the engine started from at first schedule (its own hit plus loads)."""
+    """Tokens the engine started from at first schedule: its own hit, plus what
+    that schedule's load supplied once the load succeeded."""
+    load_hit_tokens: int = 0
+    """While the first schedule's load is in flight, where its hit ends; 0 else."""
     deferred_since: float | None = None
     """When the lookup first deferred the request; kept across its answers until
     it is admitted or preempted, so deferrals add up to at most `max_defer_s`."""

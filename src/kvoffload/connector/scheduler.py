@@ -136,7 +136,10 @@ class OffloadConnector:
         """The engine allocated the request's blocks; plan the load of its hit.
 
         `block_ids` is the whole table; blocks past the engine's prefix-cache hit
-        (`num_computed_tokens`) are freshly allocated.
+        (`num_computed_tokens`) are freshly allocated. At the first schedule,
+        `CHUNK_LEVEL` stores start past the engine's hit, and past the loaded
+        tokens once the load succeeds: after a failed load the request stores the
+        chunks it recomputes.
         """
         state = self._requests[request_id]
         state.deferred_since = None  # admitted: a later lookup may wait anew
@@ -147,12 +150,12 @@ class OffloadConnector:
         self._guard.note_allocated(block_ids, num_computed_tokens)
         self._guard.on_new_table(state)
         hit = num_computed_tokens + num_external_tokens
-        if not state.cursors_started:
+        first_schedule = not state.cursors_started
+        if first_schedule:
             state.cursors_started = True
-            state.hit_tokens = hit
-            if state.policy is OffloadPolicy.CHUNK_LEVEL:
-                for group in state.groups:
-                    group.store_cursor = hit // group.tokens_per_chunk
+            # Past the loaded chunks only once they land: if the load fails, the
+            # request computes them, and they are its own to store.
+            self._pass_hit(state, num_computed_tokens)
         if num_external_tokens <= 0:
             return
         planned = plan_load(
@@ -175,9 +178,21 @@ class OffloadConnector:
         if self._observer is not None:
             self._observe_load(state, num_computed_tokens, hit)
         self._add_load(state, keys, transfers)
+        if first_schedule:
+            state.load_hit_tokens = hit
         for key in keys:
             self._loading[key] = self._loading.get(key, 0) + 1
         self._stats.hit_tokens += num_external_tokens
+
+    @staticmethod
+    def _pass_hit(state: RequestState, hit_tokens: int) -> None:
+        """The request started from its first `hit_tokens`: count them as hit and,
+        with `CHUNK_LEVEL`, start its stores past them (it did not compute them)."""
+        state.hit_tokens = hit_tokens
+        if state.policy is OffloadPolicy.CHUNK_LEVEL:
+            for group in state.groups:
+                chunks = hit_tokens // group.tokens_per_chunk
+                group.store_cursor = max(group.store_cursor, chunks)
 
     def _add_load(
         self,
@@ -433,6 +448,17 @@ class OffloadConnector:
                 )
         if state is not None and state.load_job == record.job_id:
             state.load_job = None
+            self._land_hit(state, record.success and current)
+
+    def _land_hit(self, state: RequestState, loaded: bool) -> None:
+        """The request's load ended: if it was the first schedule's and it
+        succeeded, its chunks count as hit and its stores start past them."""
+        hit, state.load_hit_tokens = state.load_hit_tokens, 0
+        if hit and loaded and not state.finished:
+            self._pass_hit(state, hit)
+            # Cursors only moved forward, so the guard only drops positions: safe
+            # whenever results arrive, before or after a step's `void_reused`.
+            self._guard.sync(state)
 
     def _complete_store(
         self, record: JobRecord, state: RequestState | None, current: bool
