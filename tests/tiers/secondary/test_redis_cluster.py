@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
@@ -20,6 +21,7 @@ from tests.tiers.secondary.secondary_support import (
     payload,
     resolve,
 )
+from tests.tiers.secondary.test_redis_refusals import server_full
 from tests.tiers.secondary.test_redis_tier import Clock, closed_port_url
 
 IDS = list(range(1, 13))
@@ -81,6 +83,34 @@ def test_a_corrupt_chunk_on_one_node_is_a_miss_and_is_deleted(
     result = Jobs(tier).load([key(i) for i in IDS], [14] * len(IDS))
     assert result.failed_keys == (key(bad),)
     assert not node.exists(name)
+    tier.shutdown()
+
+
+def test_a_full_node_skips_only_its_own_chunks(
+    redis_cluster: RedisClusterServers,
+    redis_cluster_url: str,
+    buffer: ArrayChunkBuffer,
+) -> None:
+    """Scenario: one node of the cluster is full and may evict nothing (OOM to
+    every write); a batch spanning the nodes stores the chunks of the others,
+    skips (and counts) those of the full one, and the cluster stays up."""
+    tier = cluster_tier(redis_cluster_url, buffer)
+    for slot, i in enumerate(IDS):
+        buffer.slot_view(slot)[: GROUPS[0]] = payload(key(i), GROUPS[0])
+    node = redis_cluster.nodes[0].port
+    client = RedisCluster.from_url(redis_cluster_url)
+    full = [
+        i for i in IDS if client.get_node_from_key(tier.redis_key(key(i))).port == node
+    ]
+    client.close()
+    assert full and len(full) < len(IDS)
+    with server_full(redis.Redis(port=node)):
+        result = Jobs(tier).store([key(i) for i in IDS], list(range(len(IDS))))
+    assert result.failed_keys == tuple(key(i) for i in full)
+    stats = tier.get_stats()
+    assert (stats.store_skipped, stats.failures) == (len(full), 0)
+    assert stats.chunks_stored == len(IDS) - len(full)
+    assert tier.connected
     tier.shutdown()
 
 

@@ -19,13 +19,15 @@ logger = logging.getLogger(__name__)
 
 
 class BatchOutcome(NamedTuple):
-    """What one task did: indices of its chunks that failed, bytes moved, and
-    which of the failed turned out gone from the tier (absent or corrupt), not
-    merely unreachable."""
+    """What one task did: indices of its chunks that failed, bytes moved, which
+    of the failed loads turned out gone from the tier (absent or corrupt), not
+    merely unreachable, and which of the failed stores the tier had no room for
+    (to count as skipped, not as failures)."""
 
     failed: Sequence[int]
     num_bytes: int
     lost: Sequence[int] = ()
+    full: Sequence[int] = ()
 
 
 class Task(NamedTuple):
@@ -42,16 +44,18 @@ class ExecutorResult(NamedTuple):
     num_bytes: int
     seconds: float
     lost: frozenset[int] = frozenset()
+    full: frozenset[int] = frozenset()
 
 
 class _Progress:
-    __slots__ = ("failed", "lost", "num_bytes", "remaining", "start")
+    __slots__ = ("failed", "full", "lost", "num_bytes", "remaining", "start")
 
     def __init__(self, remaining: int, start: float) -> None:
         self.remaining = remaining
         self.start = start
         self.failed: set[int] = set()
         self.lost: set[int] = set()
+        self.full: set[int] = set()
         self.num_bytes = 0
 
 
@@ -149,6 +153,7 @@ class JobExecutor:
         with self._lock:
             progress.failed.update(outcome.failed)
             progress.lost.update(outcome.lost)
+            progress.full.update(outcome.full)
             progress.num_bytes += outcome.num_bytes
             progress.remaining -= 1
             if progress.remaining == 0:
@@ -159,6 +164,7 @@ class JobExecutor:
                         progress.num_bytes,
                         time.perf_counter() - progress.start,
                         frozenset(progress.lost),
+                        frozenset(progress.full),
                     )
                 )
 

@@ -4,7 +4,8 @@ Every call has the configured socket timeout and no client-side retry. The first
 failure after a success marks the server down for a backoff period that doubles
 up to a cap; while down, the tier answers misses and drops stores without calling
 the server. When the period ends, the next call is the probe: success resets the
-backoff, failure doubles it.
+backoff, failure doubles it. An error reply (a full server's OOM, an ACL's
+NOPERM) fails only its own command: the server that sent it is up.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import difflib
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -20,7 +22,8 @@ from typing import Any
 import redis
 import redis.connection
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -35,6 +38,16 @@ logger = logging.getLogger(__name__)
 # What a failed call raises. RedisClusterException (a cluster that cannot be
 # reached, a slot no node serves) is not a RedisError.
 REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+
+def is_error_reply(exc: BaseException) -> bool:
+    """Whether `exc` is a server's error reply to one command (out of memory,
+    no permission, ...): the call failed, but the server is up and answering.
+    A cluster that says it is down (CLUSTERDOWN, MASTERDOWN) is down."""
+    return isinstance(exc, redis.ResponseError) and not isinstance(
+        exc, redis.exceptions.ClusterDownError
+    )
+
 
 # Taken by the tier itself, not by redis-py (see `_master_through_sentinels`).
 _OWN_OPTIONS = frozenset({"sentinel_kwargs"})
@@ -105,8 +118,10 @@ class RedisLink:
         self._down_until = 0.0
         self._down = False
         self._backoff = config.backoff_initial_s
+        self._warned: dict[str, float] = {}
         self.failures = 0
-        """Calls that failed (connection lost, timeout, server error)."""
+        """Calls that failed with the server down (connection lost, timeout,
+        a cluster down); not error replies."""
 
     @property
     def client(self) -> redis.Redis | RedisCluster:
@@ -151,7 +166,55 @@ class RedisLink:
             self._down = False
             self._backoff = self._config.backoff_initial_s
 
+    def execute(self, pipe: Pipeline | ClusterPipeline) -> list[Any]:
+        """Run a pipeline of independent commands: their replies in order, an
+        exception in place of each command that failed. Error replies (see
+        `is_error_reply`) are `refused`; any other failure of a command (a
+        cluster node lost) marks the server down, as does a pipeline that
+        fails as a whole (raises what it raised; see `call_failed`)."""
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        lost = [e for e in errors if not is_error_reply(e)]
+        if lost:
+            self.failed(lost[0])
+        else:
+            self.succeeded()
+        for exc in errors:
+            if is_error_reply(exc):
+                self.refused(exc)
+        return replies
+
+    def call_failed(self, exc: BaseException) -> None:
+        """A call raised `exc`: `refused` for an error reply (the server is up),
+        `failed` for anything else."""
+        if is_error_reply(exc):
+            self.succeeded()
+            self.refused(exc)
+        else:
+            self.failed(exc)
+
+    def refused(self, exc: BaseException) -> None:
+        """The server answered a command with an error reply: nothing backs
+        off, since the server is up. A warning per kind of reply (out of
+        memory, no permission, ...) at most every `backoff_max_s`, so that a
+        full server, refusing every store, does not flood the log."""
+        kind = type(exc).__name__
+        now = self._clock()
+        with self._lock:
+            last = self._warned.get(kind, -math.inf)
+            due = now - last >= self._config.backoff_max_s
+            if due:
+                self._warned[kind] = now
+        logger.log(
+            logging.WARNING if due else logging.DEBUG,
+            "redis tier %s: %s refused a command: %s",
+            self._config.name,
+            redact_url(self._config.url),
+            exc,
+        )
+
     def failed(self, exc: BaseException) -> None:
+        """The server is down (or unreachable, or slow): back off."""
         with self._lock:
             self.failures += 1
             now = self._clock()

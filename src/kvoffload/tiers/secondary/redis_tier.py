@@ -16,6 +16,12 @@ A load that finds a value absent (the server evicted it) or corrupt (then
 deleted) reports the chunk removed, as the file tier does for a bad file, so
 that KV-event consumers stop counting on it; a load that cannot reach the
 server reports nothing removed.
+
+A server that answers a command with an error reply is up: only that command's
+chunk fails. A store refused for want of memory (OOM: `maxmemory` reached with
+`noeviction`, or a volatile policy and no TTL) is skipped and counted as a full
+tier's is; a refused check is a miss. Only a server that cannot be reached (or
+a cluster that says it is down) turns every lookup into a miss.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
+import redis
 from redis.cluster import RedisCluster
 
 from kvoffload.keys import OffloadKey, offload_key_group
@@ -261,7 +268,8 @@ class RedisTier(SecondaryTier):
         done = [keys[i] for i in record.started if i not in result.failed]
         failed = [keys[i] for i in record.started if i in result.failed]
         stats = self._stats
-        stats.failures += len(failed)
+        stats.store_skipped += len(result.full)  # a full server: not failures
+        stats.failures += len(failed) - len(result.full)
         stats.transfer_seconds += result.seconds
         if record.is_store:
             stats.chunks_stored += len(done)
@@ -290,17 +298,21 @@ class RedisTier(SecondaryTier):
             pipe = self._link.client.pipeline(transaction=False)
             for key in keys:
                 pipe.exists(self.redis_key(key))
-            present = [bool(n) for n in pipe.execute()]
-            self._link.succeeded()
+            # A check the server refused is a miss; one of a cluster node
+            # that is lost, too, but then the server counts as down.
+            present = [
+                not isinstance(n, Exception) and bool(n)
+                for n in self._link.execute(pipe)
+            ]
         except REDIS_ERRORS as exc:
-            self._link.failed(exc)
+            self._link.call_failed(exc)
         except Exception as exc:  # thread root: the answer must still arrive
             self._client_broke("EXISTS batch", exc)
         with self._answers_lock:
             self._answers.append((keys, present))
 
     def _store_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
-        num_bytes = 0
+        sizes = []
         try:
             pipe = self._link.client.pipeline(transaction=False)
             for i in indices:
@@ -312,13 +324,20 @@ class RedisTier(SecondaryTier):
                 )
                 value = b"".join((header, *parts))  # one allocation, one copy each
                 pipe.set(self.redis_key(key), value, px=self._ttl_ms)
-                num_bytes += n
-            pipe.execute()
+                sizes.append(n)
+            replies = self._link.execute(pipe)
         except REDIS_ERRORS as exc:
-            self._link.failed(exc)
+            self._link.call_failed(exc)
             return BatchOutcome(indices, 0)
-        self._link.succeeded()
-        return BatchOutcome((), num_bytes)
+        failed, full, num_bytes = [], [], 0
+        for i, n, reply in zip(indices, sizes, replies, strict=True):
+            if isinstance(reply, redis.OutOfMemoryError):
+                full.append(i)
+            if isinstance(reply, Exception):
+                failed.append(i)
+            else:
+                num_bytes += n
+        return BatchOutcome(failed, num_bytes, full=full)
 
     def _load_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
         names = [self.redis_key(job.keys[i]) for i in indices]
@@ -331,7 +350,7 @@ class RedisTier(SecondaryTier):
             else:
                 values = cast(list[bytes | None], client.mget(names))
         except REDIS_ERRORS as exc:
-            self._link.failed(exc)
+            self._link.call_failed(exc)
             return BatchOutcome(indices, 0)
         self._link.succeeded()
         failed: list[int] = []
@@ -398,6 +417,9 @@ class RedisTier(SecondaryTier):
             )
             self._link.succeeded()
         except REDIS_ERRORS as exc:
+            # Even an error reply (a server that forbids UNLINK, say) backs
+            # off: until the namespace is cleared nothing is served or stored
+            # anyway, and the backoff paces the attempts.
             self._link.failed(exc)
         except Exception as exc:  # thread root: the outcome must still arrive
             self._client_broke("reset", exc)
