@@ -259,3 +259,51 @@ def test_a_client_that_fails_outside_redis_errors_gives_misses_not_endless_retri
     tier.on_schedule_end()
     assert not tier.has_pending_work()
     tier.shutdown()
+
+
+def test_a_cached_hit_is_trusted_no_longer_than_the_value_lives(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: `ttl_s` (1 s) is shorter than `hit_cache_s` (30 s). Once the
+    server may have expired chunk 1, a lookup asks it again rather than answer
+    the hit its store left; a hit the server answers is trusted for the time
+    the value has left there, not for `hit_cache_s`."""
+    clock = Clock()
+    tier = RedisTier(RedisTierConfig(redis_url, ttl_s=1.0), buffer, "m", clock)
+    stored(tier, buffer, 1)
+    clock.now += 1.0
+    assert tier.lookup(key(1), CTX) is LookupResult.RETRY
+    admin = redis.Redis.from_url(redis_url)
+    admin.pexpire(tier.redis_key(key(1)), 10_000)  # 10 s left, by the server
+    assert resolve(tier, key(1)) is LookupResult.HIT
+    clock.now += 5.0
+    assert tier.lookup(key(1), CTX) is LookupResult.HIT
+    clock.now += 5.0
+    assert tier.lookup(key(1), CTX) is LookupResult.RETRY
+    tier.shutdown()
+
+
+def test_a_chunk_the_server_dropped_is_stored_again(
+    redis_url: str, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: the server evicts chunk 1 while the tier still remembers it
+    present. A new cascade of chunk 1 stores it again rather than trust that
+    memory (a request-level tier, prefill/decode, would lose the context);
+    a cascade of a chunk the server still holds sends no value again, but
+    renews its expiry as a store would."""
+    tier = RedisTier(RedisTierConfig(redis_url, ttl_s=120), buffer, "m")
+    admin = redis.Redis.from_url(redis_url)
+    name = tier.redis_key(key(1))
+    stored(tier, buffer, 1)
+    admin.delete(name)
+    stored(tier, buffer, 1)
+    assert admin.exists(name)
+    assert tier.get_stats().chunks_stored == 2
+    admin.pexpire(name, 5_000)
+    tier.take_events()
+    stored(tier, buffer, 1)
+    stats = tier.get_stats()
+    assert (stats.chunks_stored, stats.bytes_stored) == (2, 2 * GROUPS[0])
+    assert tier.take_events() == []
+    assert admin.pttl(name) > 100_000  # type: ignore[operator]
+    tier.shutdown()

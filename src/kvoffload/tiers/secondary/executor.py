@@ -21,13 +21,15 @@ logger = logging.getLogger(__name__)
 class BatchOutcome(NamedTuple):
     """What one task did: indices of its chunks that failed, bytes moved, which
     of the failed loads turned out gone from the tier (absent or corrupt), not
-    merely unreachable, and which of the failed stores the tier had no room for
-    (to count as skipped, not as failures)."""
+    merely unreachable, which of the failed stores the tier had no room for
+    (to count as skipped, not as failures), and which stores it found the tier
+    already held (neither moved nor failed)."""
 
     failed: Sequence[int]
     num_bytes: int
     lost: Sequence[int] = ()
     full: Sequence[int] = ()
+    held: Sequence[int] = ()
 
 
 class Task(NamedTuple):
@@ -45,10 +47,11 @@ class ExecutorResult(NamedTuple):
     seconds: float
     lost: frozenset[int] = frozenset()
     full: frozenset[int] = frozenset()
+    held: frozenset[int] = frozenset()
 
 
 class _Progress:
-    __slots__ = ("failed", "full", "lost", "num_bytes", "remaining", "start")
+    __slots__ = ("failed", "full", "held", "lost", "num_bytes", "remaining", "start")
 
     def __init__(self, remaining: int, start: float) -> None:
         self.remaining = remaining
@@ -56,6 +59,7 @@ class _Progress:
         self.failed: set[int] = set()
         self.lost: set[int] = set()
         self.full: set[int] = set()
+        self.held: set[int] = set()
         self.num_bytes = 0
 
 
@@ -154,6 +158,7 @@ class JobExecutor:
             progress.failed.update(outcome.failed)
             progress.lost.update(outcome.lost)
             progress.full.update(outcome.full)
+            progress.held.update(outcome.held)
             progress.num_bytes += outcome.num_bytes
             progress.remaining -= 1
             if progress.remaining == 0:
@@ -165,6 +170,7 @@ class JobExecutor:
                         time.perf_counter() - progress.start,
                         frozenset(progress.lost),
                         frozenset(progress.full),
+                        frozenset(progress.held),
                     )
                 )
 

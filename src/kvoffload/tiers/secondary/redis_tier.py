@@ -6,11 +6,19 @@ policy, and `ttl_s` if set). Stores and loads are pipelined batches on a thread
 pool.
 
 Lookups are asynchronous: an unknown key answers `RETRY` and joins a batch of
-`EXISTS` calls sent on a lookup thread at the end of the step (with the rest of
-the prefix, through `prefetch`), so a whole prefix costs one round trip and the
-scheduler thread never waits on the network. Answers are cached briefly. A
-synchronous call would block the scheduler for a round trip per chunk, and for
-the whole timeout when the server is slow.
+`PTTL` calls (whether the value is there, and for how long) sent on a lookup
+thread at the end of the step (with the rest of the prefix, through
+`prefetch`), so a whole prefix costs one round trip and the scheduler thread
+never waits on the network. Answers are cached briefly: a present one for
+`hit_cache_s` at most, and never past the time the value has left on the server
+(`PTTL`, or `ttl_s` after a store). A synchronous call would block the
+scheduler for a round trip per chunk, and for the whole timeout when the server
+is slow.
+
+A store never rests on a cached answer, which goes stale when the server evicts
+or expires the value: the chunks believed present are asked about again on the
+I/O thread (a round trip, without their values), and only those the server
+still holds are skipped, their expiry (or LRU clock) renewed as a `SET` would.
 
 A load that finds a value absent (the server evicted it) or corrupt (then
 deleted) reports the chunk removed, as the file tier does for a bad file, so
@@ -27,6 +35,7 @@ a cluster that says it is down) turns every lookup into a miss.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -79,6 +88,7 @@ class _JobRecord:
     is_store: bool
     started: tuple[int, ...]
     refused: tuple[OffloadKey, ...]
+    submitted: float
 
 
 class RedisTier(SecondaryTier):
@@ -110,11 +120,13 @@ class RedisTier(SecondaryTier):
         self._executor = JobExecutor(config.name, config.num_threads)
         self._lookups = JobExecutor(f"{config.name}-lookup", 1)
         self._jobs: dict[int, _JobRecord] = {}
+        # Per key: present or not, and until when that answer is trusted.
         self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._to_ask: dict[OffloadKey, None] = {}
         self._asking: set[OffloadKey] = set()
         self._answers_lock = threading.Lock()
-        self._answers: list[tuple[list[OffloadKey], list[bool] | None]] = []
+        # Per key checked: the seconds its value has left (0: absent).
+        self._answers: list[tuple[list[OffloadKey], list[float] | None]] = []
         self._stats = TierStats()
         # A reset empties the namespace on the lookup thread; until that has
         # succeeded, nothing is served or stored (see `reset_cache`).
@@ -171,7 +183,7 @@ class RedisTier(SecondaryTier):
         keys = list(self._to_ask)
         self._to_ask.clear()
         self._asking.update(keys)
-        self._lookups.submit_call("EXISTS batch", partial(self._exists, keys))
+        self._lookups.submit_call("PTTL batch", partial(self._check, keys))
 
     def _absorb_answers(self) -> None:
         if not self._answers and not self._cleared:
@@ -185,16 +197,22 @@ class RedisTier(SecondaryTier):
                 self._clear_running = False
                 self._clearing = not done
         now = self._clock()
-        for keys, present in answers:
+        for keys, lifetimes in answers:
             self._asking.difference_update(keys)
-            if present is not None:
-                for key, hit in zip(keys, present, strict=True):
-                    self._remember(key, hit, now)
+            if lifetimes is not None:
+                for key, lifetime in zip(keys, lifetimes, strict=True):
+                    self._remember(key, lifetime, now)
 
-    def _remember(self, key: OffloadKey, present: bool, now: float) -> None:
-        ttl = self.config.hit_cache_s if present else self.config.miss_cache_s
+    def _remember(self, key: OffloadKey, lifetime: float, now: float) -> None:
+        """As of `now`, the server holds `key`'s value for `lifetime` more
+        seconds (`math.inf`: no expiry; 0: absent)."""
+        present = lifetime > 0
+        if present:
+            trusted = min(self.config.hit_cache_s, lifetime)
+        else:
+            trusted = self.config.miss_cache_s
         known = self._known
-        known[key] = (present, now + ttl)
+        known[key] = (present, now + trusted)
         known.move_to_end(key)
         while len(known) > _MAX_KNOWN_KEYS:
             known.popitem(last=False)
@@ -216,12 +234,15 @@ class RedisTier(SecondaryTier):
             self._refuse(job, True)
             return
         now = self._clock()
-        started = []
-        for i, key in enumerate(job.keys):
-            known = self._known.get(key)
-            if known is None or not known[0] or known[1] <= now:
-                started.append(i)
-        self._start(job, True, started, self._store_batch)
+        held = frozenset(
+            i for i, key in enumerate(job.keys) if self._believed_present(key, now)
+        )
+        every = list(range(len(job.keys)))
+        self._start(job, True, every, partial(self._store_batch, held))
+
+    def _believed_present(self, key: OffloadKey, now: float) -> bool:
+        known = self._known.get(key)
+        return known is not None and known[0] and known[1] > now
 
     def submit_load(self, job: TierJob) -> None:
         if self._clearing or not self._link.available():
@@ -231,7 +252,8 @@ class RedisTier(SecondaryTier):
         self._start(job, False, list(range(len(job.keys))), self._load_batch)
 
     def _refuse(self, job: TierJob, is_store: bool) -> None:
-        self._jobs[job.job_id] = _JobRecord(job, is_store, (), job.keys)
+        record = _JobRecord(job, is_store, (), job.keys, self._clock())
+        self._jobs[job.job_id] = record
         self._executor.submit(job.job_id, [])
 
     def _start(
@@ -241,7 +263,8 @@ class RedisTier(SecondaryTier):
         started: list[int],
         run: Callable[[TierJob, tuple[int, ...]], BatchOutcome],
     ) -> None:
-        self._jobs[job.job_id] = _JobRecord(job, is_store, tuple(started), ())
+        record = _JobRecord(job, is_store, tuple(started), (), self._clock())
+        self._jobs[job.job_id] = record
         tasks, batch, batch_bytes = [], [], 0
         for i in started:
             batch.append(i)
@@ -265,7 +288,8 @@ class RedisTier(SecondaryTier):
         self, record: _JobRecord, result: ExecutorResult, now: float
     ) -> TierJobResult:
         keys = record.job.keys
-        done = [keys[i] for i in record.started if i not in result.failed]
+        unset = result.failed | result.held  # failed, or found already there
+        done = [keys[i] for i in record.started if i not in unset]
         failed = [keys[i] for i in record.started if i in result.failed]
         stats = self._stats
         stats.store_skipped += len(result.full)  # a full server: not failures
@@ -274,14 +298,16 @@ class RedisTier(SecondaryTier):
         if record.is_store:
             stats.chunks_stored += len(done)
             stats.bytes_stored += result.num_bytes
-            for key in done:
-                self._remember(key, True, now)
+            # Set (or renewed) after the job was submitted: it lives that long.
+            lifetime = math.inf if self.config.ttl_s is None else self.config.ttl_s
+            for key in (*done, *(keys[i] for i in result.held)):
+                self._remember(key, lifetime, record.submitted)
             self._record_event(done, False)
         else:
             stats.chunks_loaded += len(done)
             stats.bytes_loaded += result.num_bytes
             for key in failed:
-                self._remember(key, False, now)
+                self._remember(key, 0.0, now)
             self._record_event([keys[i] for i in sorted(result.lost)], True)
         return TierJobResult(
             record.job.job_id,
@@ -292,43 +318,70 @@ class RedisTier(SecondaryTier):
 
     # -- on I/O threads ----------------------------------------------------------
 
-    def _exists(self, keys: list[OffloadKey]) -> None:
-        present: list[bool] | None = None
+    def _check(self, keys: list[OffloadKey]) -> None:
+        lifetimes: list[float] | None = None
         try:
             pipe = self._link.client.pipeline(transaction=False)
             for key in keys:
-                pipe.exists(self.redis_key(key))
-            # A check the server refused is a miss; one of a cluster node
-            # that is lost, too, but then the server counts as down.
-            present = [
-                not isinstance(n, Exception) and bool(n)
-                for n in self._link.execute(pipe)
-            ]
+                pipe.pttl(self.redis_key(key))
+            lifetimes = [_lifetime(reply) for reply in self._link.execute(pipe)]
         except REDIS_ERRORS as exc:
             self._link.call_failed(exc)
         except Exception as exc:  # thread root: the answer must still arrive
-            self._client_broke("EXISTS batch", exc)
+            self._client_broke("PTTL batch", exc)
         with self._answers_lock:
-            self._answers.append((keys, present))
+            self._answers.append((keys, lifetimes))
 
-    def _store_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
-        sizes = []
+    def _store_batch(
+        self, held: frozenset[int], job: TierJob, indices: tuple[int, ...]
+    ) -> BatchOutcome:
+        """Set the values of the chunks at `indices`, but for those believed
+        present (`held`) that the server still holds."""
         try:
-            pipe = self._link.client.pipeline(transaction=False)
-            for i in indices:
-                key = job.keys[i]
-                parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
-                n = sum(len(part) for part in parts)
-                header = encode_header(
-                    key, self._fingerprint, n, payload_checksum(parts)
-                )
-                value = b"".join((header, *parts))  # one allocation, one copy each
-                pipe.set(self.redis_key(key), value, px=self._ttl_ms)
-                sizes.append(n)
-            replies = self._link.execute(pipe)
+            kept = self._still_held(job, [i for i in indices if i in held])
+            todo = [i for i in indices if i not in kept]
+            outcome = self._set_values(job, todo) if todo else BatchOutcome((), 0)
         except REDIS_ERRORS as exc:
             self._link.call_failed(exc)
             return BatchOutcome(indices, 0)
+        return outcome._replace(held=kept)
+
+    def _still_held(self, job: TierJob, checked: list[int]) -> list[int]:
+        """Of `checked`, those whose value the server holds; their expiry is
+        renewed (`ttl_s`), or without one their LRU clock, as a `SET` would. A
+        check the server refused counts as absent."""
+        if not checked:
+            return []
+        pipe = self._link.client.pipeline(transaction=False)
+        for i in checked:
+            name = self.redis_key(job.keys[i])
+            if self._ttl_ms is None:
+                # Not TOUCH: a cluster pipeline drops its reply (redis-py 8.1);
+                # not EXISTS: it leaves the LRU clock as it is.
+                pipe.strlen(name)
+            else:
+                pipe.pexpire(name, self._ttl_ms)
+        replies = self._link.execute(pipe)
+        return [
+            i
+            for i, reply in zip(checked, replies, strict=True)
+            if not isinstance(reply, Exception) and reply
+        ]
+
+    def _set_values(self, job: TierJob, indices: list[int]) -> BatchOutcome:
+        """`SET` each chunk's header and payload; raises what a failed pipeline
+        raises."""
+        sizes = []
+        pipe = self._link.client.pipeline(transaction=False)
+        for i in indices:
+            key = job.keys[i]
+            parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
+            n = sum(len(part) for part in parts)
+            header = encode_header(key, self._fingerprint, n, payload_checksum(parts))
+            value = b"".join((header, *parts))  # one allocation, one copy each
+            pipe.set(self.redis_key(key), value, px=self._ttl_ms)
+            sizes.append(n)
+        replies = self._link.execute(pipe)
         failed, full, num_bytes = [], [], 0
         for i, n, reply in zip(indices, sizes, replies, strict=True):
             if isinstance(reply, redis.OutOfMemoryError):
@@ -456,3 +509,13 @@ class RedisTier(SecondaryTier):
 
     def get_stats(self) -> TierStats:
         return replace(self._stats)
+
+
+def _lifetime(pttl: object) -> float:
+    """Seconds a value has left, from its `PTTL` reply: `math.inf` for no
+    expiry (-1); 0 for an absent value (-2), one about to expire (0), and a
+    check the server refused (an error reply is a miss)."""
+    if isinstance(pttl, Exception):
+        return 0.0
+    ms = cast(int, pttl)
+    return math.inf if ms == -1 else max(0, ms) / 1000
