@@ -44,7 +44,9 @@ class RequestInfo(Protocol):
 
     @property
     def block_hashes(self) -> Sequence[bytes]:
-        """Chained hash of every full hash block (`hash_block_tokens` tokens)."""
+        """Chained hash of every full hash block (`hash_block_tokens` tokens) of
+        the request's current tokens: after the engine rewrites them
+        (`OffloadConnector.on_request_rewritten`), those of the new tokens."""
         ...
 
 

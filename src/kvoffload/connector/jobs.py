@@ -36,6 +36,9 @@ class JobRecord:
     held_slots: tuple[int, ...] = ()
     """Set by a reset: the host slots held until the job completes (worked out
     then, not per job: resets are rare)."""
+    void_keys: frozenset[OffloadKey] = frozenset()
+    """Keys of a store that its request no longer has (its tokens were rewritten
+    while the job was in flight): they complete as failed, never readable."""
 
 
 class JobTracker:
@@ -74,6 +77,10 @@ class JobTracker:
         self._next_id += 1
         self._jobs[record.job_id] = record
         return record
+
+    def get(self, job_id: int) -> JobRecord | None:
+        """The record of a job in flight."""
+        return self._jobs.get(job_id)
 
     def report(self, result: JobResult, rank: int = 0) -> JobRecord | None:
         """Fold in one rank's result; the record once every rank has reported.

@@ -47,6 +47,16 @@ class GroupState:
         for c in range(len(self.keys), len(block_hashes) // step):
             self.keys.append(OffloadKey(block_hashes[(c + 1) * step - 1] + suffix))
 
+    def drop_keys_past(self, num_tokens: int) -> list[OffloadKey]:
+        """Drop the keys of chunks not wholly within the first `num_tokens`
+        tokens, and bring the store cursor back to the first of them (they are
+        offered again under their new keys). Returns the keys dropped."""
+        keep = num_tokens // self.tokens_per_chunk
+        dropped = self.keys[keep:]
+        del self.keys[keep:]
+        self.store_cursor = min(self.store_cursor, keep)
+        return dropped
+
     def chunk_blocks(self, chunk: int) -> list[int]:
         b = self.blocks_per_chunk
         return self.block_ids[chunk * b : (chunk + 1) * b]
@@ -78,7 +88,8 @@ class RequestState:
     finished: bool = False
     store_limit: int = sys.maxsize
     """The most tokens its stores may ever cover: the prompt with
-    `offload_prompt_only`, and at most its `max_offload_tokens`."""
+    `offload_prompt_only` (as it stands: a rewrite may extend it), and at most its
+    `max_offload_tokens`."""
 
     @classmethod
     def create(
@@ -97,14 +108,12 @@ class RequestState:
             )
             for i, g in enumerate(config.groups)
         ]
-        limit = sys.maxsize
-        if config.offload_prompt_only:
-            limit = request.num_prompt_tokens
-        cap = ctx.params.max_offload_tokens
-        if cap is not None:
-            limit = min(limit, cap)
         return cls(
-            request=request, ctx=ctx, policy=policy, groups=groups, store_limit=limit
+            request=request,
+            ctx=ctx,
+            policy=policy,
+            groups=groups,
+            store_limit=_store_limit(request, ctx, config),
         )
 
     @property
@@ -116,6 +125,22 @@ class RequestState:
         for group in self.groups:
             group.refresh_keys(hashes)
 
+    def rewrite(
+        self, num_kept_tokens: int, config: ConnectorConfig
+    ) -> list[OffloadKey]:
+        """The engine replaced the request's tokens past the first
+        `num_kept_tokens`: drop the keys of chunks past them, bring the cursors
+        back, and take the store limit and hits from the request as it is now.
+        Its new prompt is touched once computed, like a new request's. Returns
+        the keys dropped."""
+        dropped: list[OffloadKey] = []
+        for group in self.groups:
+            dropped += group.drop_keys_past(num_kept_tokens)
+        self.store_limit = _store_limit(self.request, self.ctx, config)
+        self.hit_tokens = min(self.hit_tokens, num_kept_tokens)
+        self.prefix_touched = False
+        return dropped
+
     def has_jobs(self) -> bool:
         return self.load_job is not None or bool(self.store_jobs)
 
@@ -126,3 +151,14 @@ class RequestState:
             hit_chunks = self.hit_tokens // group.tokens_per_chunk
             out.extend(group.keys[: max(group.store_cursor, hit_chunks)])
         return out
+
+
+def _store_limit(request: RequestInfo, ctx: ReqContext, config: ConnectorConfig) -> int:
+    """`RequestState.store_limit` for the request as it is now."""
+    limit = sys.maxsize
+    if config.offload_prompt_only:
+        limit = request.num_prompt_tokens
+    cap = ctx.params.max_offload_tokens
+    if cap is not None:
+        limit = min(limit, cap)
+    return limit

@@ -5,8 +5,10 @@ hashes and engine block ids, but nothing engine-specific: an adapter (vLLM's, or
 the engine model's) translates. Call order per request: `on_new_request` once;
 `get_num_new_matched_tokens` (again while it answers `None`);
 `update_state_after_alloc` when the engine allocated its blocks; `build_step`
-every step it is scheduled; `request_finished` once. Job results come back through
-`on_job_results` in any step.
+every step it is scheduled; `request_finished` once. An engine that rewrites a
+request's tokens (vLLM's streaming-input sessions) calls `on_request_rewritten`
+before scheduling it again. Job results come back through `on_job_results` in
+any step.
 
 Engine blocks are fenced, not held: a finished or preempted request's blocks go
 back to the engine at once, and when the engine hands a block that a store job is
@@ -208,6 +210,30 @@ class OffloadConnector:
             TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
         )
         self._request_of[record.job_id] = state.req_id
+
+    def on_request_rewritten(self, request_id: str, num_kept_tokens: int) -> None:
+        """The engine replaced the request's tokens past the first `num_kept_tokens`
+        (a vLLM streaming-input session took its next input: its last sampled
+        token is dropped, and the input joins its prompt).
+
+        `request.block_hashes` already describes the new tokens. Keys of chunks
+        past the kept tokens are dropped and the store cursors brought back, so
+        those chunks are stored under their new keys; the store limit follows the
+        prompt as it is now. A store in flight of a dropped key completes as
+        failed: nothing becomes readable under a key of tokens the request no
+        longer has. Call it before the request is scheduled again.
+        """
+        state = self._requests.get(request_id)
+        if state is None or state.finished:
+            return
+        dropped = set(state.rewrite(num_kept_tokens, self.config))
+        for job_id in state.store_jobs:
+            record = self._jobs.get(job_id)
+            if record is not None and not dropped.isdisjoint(record.keys):
+                record.void_keys |= dropped.intersection(record.keys)
+        # The cursors moved back and the limit moved: index the table afresh.
+        self._guard.release(state)
+        self._guard.on_new_table(state)
 
     def on_preempted(self, request_ids: Iterable[str]) -> None:
         """The engine freed these requests' blocks; they will be looked up again."""
@@ -467,11 +493,17 @@ class OffloadConnector:
         stats.store_jobs += 1
         stats.bytes_stored += record.num_bytes
         stats.store_seconds += record.seconds
+        void = record.void_keys
+        keys = [k for k in record.keys if k not in void] if void else record.keys
         if current:
             ctx = state.ctx if state else ReqContext(record.request_id)
-            self.manager.complete_store(record.keys, ctx, success=record.success)
+            self.manager.complete_store(keys, ctx, success=record.success)
+            if void:
+                self.manager.complete_store(
+                    [k for k in record.keys if k in void], ctx, success=False
+                )
         if record.success:
-            stats.chunks_stored += len(record.keys)
+            stats.chunks_stored += len(keys)
         else:
             stats.failed_store_jobs += 1
         if state is not None:

@@ -72,11 +72,39 @@ def vllm_config(extra: Mapping[str, Any], prefix_caching: bool = True) -> Any:
     )
 
 
-def request(req_id: str, tokens: list[int]) -> Any:
+def request(req_id: str, tokens: list[int], resumable: bool = False) -> Any:
+    """A vLLM request; `resumable`: a streaming-input session (vLLM extends the
+    prompt list it is given, so it gets a copy)."""
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
-    return Request(req_id, tokens, SamplingParams(max_tokens=1), None)
+    return Request(
+        req_id, list(tokens), SamplingParams(max_tokens=1), None, resumable=resumable
+    )
+
+
+def take_next_input(session: Any, tokens: list[int], mm_features: Any = None) -> None:
+    """End a streaming-input session's turn after its last sampled token and give it
+    its next input, with vLLM's own code: every token but that one is computed
+    (`_handle_stopped_request`), then `_update_request_as_session` drops it and
+    appends `tokens`, which join the prompt."""
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus, StreamingUpdate
+
+    session.num_computed_tokens = session.num_tokens - 1
+    session.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+    update = StreamingUpdate(
+        mm_features=mm_features,
+        prompt_token_ids=tokens,
+        max_tokens=1,
+        arrival_time=time.time(),
+        sampling_params=SamplingParams(max_tokens=1),
+    )
+    scheduler = SimpleNamespace(
+        hash_block_size=BLOCK, num_waiting_for_streaming_input=1, log_stats=False
+    )
+    Scheduler._update_request_as_session(scheduler, session, update)
 
 
 class SchedulerStandIn:
@@ -153,13 +181,31 @@ class SchedulerStandIn:
         self.connector.update_state_after_alloc(req, blocks, external_tokens)
         return ids
 
-    def step(self, new: Mapping[str, tuple[list[int], int]] | None = None) -> StepPlan:
+    def allocate_more(self, req: Any, ids: list[int]) -> list[int]:
+        """A streaming-input session's next input: its blocks `ids` and blocks for
+        the rest of its prompt, none loaded (vLLM asks no lookup of a request
+        with computed tokens)."""
+        n = -(-req.num_prompt_tokens // BLOCK) - len(ids)
+        ids = ids + list(range(self._next_block, self._next_block + n))
+        self._next_block += n
+        blocks = SimpleNamespace(get_block_ids=lambda: (ids,))
+        self.connector.update_state_after_alloc(req, blocks, 0)
+        return ids
+
+    def step(
+        self,
+        new: Mapping[str, tuple[list[int], int]] | None = None,
+        computed: Mapping[str, int] | None = None,
+    ) -> StepPlan:
         """One engine step: `new` maps request ids to (blocks, tokens) scheduled
-        from token 0; the workers finish every job of the step at once."""
-        new = new or {}
+        from token 0, or from `computed[id]` (a streaming-input session's next
+        input); the workers finish every job of the step at once."""
+        new, computed = new or {}, computed or {}
         output = SimpleNamespace(
             scheduled_new_reqs=[
-                SimpleNamespace(req_id=r, num_computed_tokens=0, block_ids=(ids,))
+                SimpleNamespace(
+                    req_id=r, num_computed_tokens=computed.get(r, 0), block_ids=(ids,)
+                )
                 for r, (ids, _) in new.items()
             ],
             num_scheduled_tokens={r: n for r, (_, n) in new.items()},

@@ -4,7 +4,9 @@ vLLM's default block hash is SHA-256 over a pickle and does not cover the model,
 kvoffload computes its own canonical chain from the request's tokens: the root
 covers the model fingerprint, the LoRA adapter's identity (`lora_identity`) and
 `cache_salt`; multimodal inputs
-enter the blocks they overlap. Hashes are extended lazily as tokens are generated.
+enter the blocks they overlap. Hashes are extended lazily as tokens are generated,
+and follow vLLM's one rewrite of a request's tokens: a streaming-input session
+taking its next input.
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ class VllmRequestView:
         self._request = request
         self._hasher = hasher
         self._hashes: list[bytes] = []
+        # A streaming-input session's prompt grows with each input it takes.
+        self._resumable = bool(getattr(request, "resumable", False))
+        self._prompt_tokens = int(request.num_prompt_tokens) if self._resumable else 0
+        self._kept: int | None = None
         self._root = HashRoot(
             model=model_fingerprint,
             lora=loras.identity(getattr(request, "lora_request", None)),
             cache_salt=getattr(request, "cache_salt", None),
         )
         # Inputs whose tokens are placeholders for something hashed elsewhere.
-        self._mm = [
-            (int(f.mm_position.offset), int(f.mm_position.length), str(f.identifier))
-            for f in (getattr(request, "mm_features", None) or ())
-        ]
+        self._mm = _mm_spans(request)
         # Prompt embeddings have no token ids to hash: such requests are not offloaded.
         self._hashable = getattr(request, "prompt_embeds", None) is None
 
@@ -67,6 +70,8 @@ class VllmRequestView:
     def block_hashes(self) -> Sequence[bytes]:
         if not self._hashable:
             return ()
+        if self._resumable:
+            self._follow_rewrite()
         size = self._hasher.tokens_per_block
         full = self.num_tokens // size
         done = len(self._hashes)
@@ -86,6 +91,41 @@ class VllmRequestView:
             )
         return self._hashes
 
+    def take_rewrite(self) -> int | None:
+        """The tokens kept by the rewrites of the request's tokens since the last
+        call, or `None` if there was none.
+
+        vLLM rewrites only a streaming-input session (a resumable request): when
+        it takes its next input, its tokens from `num_computed_tokens` on (the
+        last sampled token) are replaced by the input, which joins the prompt.
+        The view's hashes follow at once; the connector is told with this.
+        """
+        if self._resumable:
+            self._follow_rewrite()
+        kept, self._kept = self._kept, None
+        return kept
+
+    def _follow_rewrite(self) -> None:
+        """Drop the hashes of blocks past the tokens a rewrite kept.
+
+        A rewrite extends the prompt, or, with no input and no output kept, only
+        drops the sampled token; it happens between steps, while the request's
+        `num_computed_tokens` still counts the tokens kept.
+        """
+        request = self._request
+        prompt, size = int(request.num_prompt_tokens), self._hasher.tokens_per_block
+        if (
+            prompt == self._prompt_tokens
+            and len(self._hashes) * size <= self.num_tokens
+        ):
+            return
+        kept = min(int(getattr(request, "num_computed_tokens", 0)), self.num_tokens)
+        self._prompt_tokens = prompt
+        self._kept = kept if self._kept is None else min(self._kept, kept)
+        del self._hashes[kept // size :]
+        # Its next input may bring images of its own.
+        self._mm = _mm_spans(request)
+
     def _extra_keys(self, block: int, size: int) -> tuple[str, ...]:
         start, end = block * size, (block + 1) * size
         return tuple(
@@ -93,3 +133,11 @@ class VllmRequestView:
             for offset, length, ident in self._mm
             if offset < end and offset + length > start
         )
+
+
+def _mm_spans(request: Any) -> list[tuple[int, int, str]]:
+    """(offset, length, identifier) of the request's multimodal inputs."""
+    return [
+        (int(f.mm_position.offset), int(f.mm_position.length), str(f.identifier))
+        for f in (getattr(request, "mm_features", None) or ())
+    ]

@@ -164,10 +164,24 @@ class SchedulerSide:
         self, request: Any, blocks: Any, num_external_tokens: int
     ) -> None:
         req_id = request.request_id
+        self._follow_rewrite(request)
         local = self._local_hit.pop(req_id, int(request.num_computed_tokens))
         self.connector.update_state_after_alloc(
             req_id, _table(blocks.get_block_ids()), local, num_external_tokens
         )
+
+    def _follow_rewrite(self, request: Any) -> None:
+        """Tell the connector of a streaming-input session's next input: vLLM
+        allocates for it, before scheduling it, with no lookup."""
+        view = self._views.get(request.request_id)
+        kept = view.take_rewrite() if view is not None else None
+        if kept is not None:
+            logger.debug(
+                "request %s took its next input: tokens from %d on are new",
+                request.request_id,
+                kept,
+            )
+            self.connector.on_request_rewritten(request.request_id, kept)
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         req_id = request.request_id
