@@ -129,3 +129,23 @@ def test_reused_blocks_wait_for_the_stores_reading_them() -> None:
     connector.update_state_after_alloc("C", [[0, 1]], 0, 0)
     assert connector.build_step([ScheduledRequest("C", 0, 8)]).wait_for == ()
     assert connector.num_live_requests() == 2
+
+
+def test_a_request_whose_load_landed_waits_for_room_and_preempts_nothing(
+    async_scheduling: bool,
+) -> None:
+    """Scenario: D repeats A's prompt, whose 3 chunks only the host still holds, and
+    arrives just after B on a device of 15 blocks. D's load lands while B decodes,
+    and the rest of D's prompt does not fit: D keeps its loaded blocks and waits for
+    B to finish (vLLM admits a waiting request only into free memory)."""
+    h = Harness(async_scheduling=async_scheduling, device_blocks=15)
+    prompt = h.tokens(3 * CHUNK)
+    h.run(h.request("A", prompt + h.tokens(1)))
+    h.run(*[h.request(f"f{i}", h.tokens(52)) for i in range(2)])  # A off the device
+    b = h.request("B", h.tokens(CHUNK), output=h.tokens(10))
+    d = h.request("D", prompt + h.tokens(CHUNK + 1), arrival=h.clock.now + 0.001)
+    h.run(b, d)
+    assert (b.preemptions, d.preemptions) == (0, 0)
+    assert d.loaded_tokens == 3 * CHUNK
+    assert b.num_output == 10 and d.num_output == 2
+    assert h.connector.num_live_requests() == 0

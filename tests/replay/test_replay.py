@@ -156,3 +156,38 @@ def test_cli_rejects_a_chunk_size_that_is_not_a_block_multiple(
         kvoffload_main(["replay", str(trace), "--chunk-tokens", "100", "--jobs", "1"])
     assert stopped.value.code == 2
     assert "--chunk-tokens 100 must be a positive multiple" in capsys.readouterr().err
+
+
+def test_a_loaded_request_with_nothing_running_waits_for_delayed_decodes(
+    tmp_path: Path,
+) -> None:
+    """Scenario (the engine model raised IndexError here): on a device of 8 blocks,
+    A stores its 3 chunks and finishes; B holds 5 blocks through a long decode off
+    the step loop; C repeats A's prompt and loads from the host what the device lost
+    of it, but its last block does not fit while nothing is running: C waits for
+    B's memory."""
+    records = [
+        (0, 1536, 1, [1, 2, 3]),
+        (5000, 2048, 500, [11, 12, 13, 14]),
+        (5001, 512, 1, [21]),
+        (6000, 1536, 1, [1, 2, 3]),
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": t, "input_length": n, "output_length": o, "hash_ids": ids}
+            )
+            + "\n"
+            for t, n, o, ids in records
+        )
+    )
+    result = run_replay(
+        load_mooncake(trace),
+        "lru",
+        100,
+        ReplaySettings(chunk_tokens=512, device_tokens=4096),
+    )
+    assert result.requests == 4
+    # C's prompt: what the device lost of A's is loaded from the host.
+    assert (result.device_hit_chunks, result.hit_chunks) == (1, 2)

@@ -4,9 +4,10 @@ Each step: deliver finished jobs, schedule running requests (chunked prefill, on
 decode token each) and then waiting ones within a token budget, ask the connector
 for its plan, advance the clock by the modeled step time, and sample tokens. The
 device cache is paged with prefix caching; when blocks run out the most recently
-started request is preempted. Loads are asynchronous: a request whose prefix is
-being loaded waits without computing. With `async_scheduling`, job results reach
-the connector one step late, as with vLLM's overlapped scheduler.
+started running request is preempted (never to admit a waiting one: that waits).
+Loads are asynchronous: a request whose prefix is being loaded waits without
+computing. With `async_scheduling`, job results reach the connector one step late,
+as with vLLM's overlapped scheduler.
 """
 
 from __future__ import annotations
@@ -266,6 +267,7 @@ class EngineModel:
     ) -> tuple[ScheduledRequest, int] | None:
         """Move a waiting request to running (or to loading); None if it must wait."""
         if req.block_ids:  # its load landed: blocks are allocated already
+            # Without room to go on it keeps them and waits (_grow preempts nothing).
             n = min(req.num_tokens - req.num_computed, budget)
             new_ids = self._grow(req, req.num_computed + n)
             if new_ids is None:
@@ -303,10 +305,16 @@ class EngineModel:
         return ScheduledRequest(req.request_id, hit, n, ids, replace_block_ids=True), n
 
     def _grow(self, req: SimRequest, tokens: int) -> tuple[tuple[int, ...], ...] | None:
-        """Allocate blocks so `req` holds `tokens`; preempt others when out of memory."""
+        """Allocate blocks so `req` holds `tokens`, or return None.
+
+        Out of memory, a running `req` preempts the most recently started running
+        requests, itself last (then None). Any other request (a waiting one whose
+        load landed) preempts nothing and gets None: as in vLLM, a waiting request
+        is admitted only into free memory.
+        """
         while True:
             new = self.device.grow(req, tokens)
-            if new is not None:
+            if new is not None or req not in self.running:
                 return new
             victim = self.running[-1]
             self._preempt(victim)
