@@ -191,3 +191,18 @@ def test_a_loaded_request_with_nothing_running_waits_for_delayed_decodes(
     assert result.requests == 4
     # C's prompt: what the device lost of A's is loaded from the host.
     assert (result.device_hit_chunks, result.hit_chunks) == (1, 2)
+
+
+def test_token_hit_ratio_counts_a_padded_hit_only_up_to_the_true_prompt(
+    tmp_path: Path,
+) -> None:
+    """Scenario: the same 600-token prompt twice, its last id a partial block padded
+    to 512 tokens; the second request hits both chunks, 600 true tokens of 1,200."""
+    record = {"input_length": 600, "output_length": 10, "hash_ids": [7, 8]}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(json.dumps({"timestamp": t, **record}) + "\n" for t in (0, 60_000))
+    )
+    result = run_replay(load_mooncake(trace), "lru", 100, ReplaySettings(512))
+    assert result.hit_ratio == 0.5
+    assert result.token_hit_ratio == 0.5

@@ -4,8 +4,9 @@ Each hash id names one 512-token block of the prompt; equal ids at equal positio
 mean a shared prefix, so ids are used directly as chained block hashes. The last id
 may cover a partial block. With `partial="pad"` (the default) the prompt is padded
 to whole blocks plus one new token, so every id is a chunk that can hit (what the
-reference figures count); with `partial="drop"` the true length is kept and a
-partial last block is never stored.
+reference figures count; the token hit ratio still counts true prompt tokens);
+with `partial="drop"` the true length is kept and a partial last block is never
+stored.
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ class ReplaySettings:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One (policy, capacity) replay. Ratios are over prompt chunks (tokens)."""
+    """One (policy, capacity) replay. Ratios are over prompt chunks, but
+    `token_hit_ratio`: prompt tokens loaded from the host tier over all prompt
+    tokens, both at the trace's true prompt lengths (padding never counts)."""
 
     workload: str
     policy: str
@@ -162,16 +164,19 @@ def _result(
     wall: float,
 ) -> ReplayResult:
     chunk = settings.chunk_tokens
-    prompt_chunks = hit = device = loaded_tokens = 0
-    for req in requests:
+    prompt_chunks = hit = device = loaded_tokens = prompt_tokens = 0
+    for i, req in enumerate(requests):
         n = req.num_prompt_tokens // chunk
         total = min(n, (req.device_hit_tokens + req.loaded_tokens) // chunk)
         own = min(total, req.device_hit_tokens // chunk)
         prompt_chunks += n
         device += own
         hit += total - own
-        loaded_tokens += req.loaded_tokens
-    prompt_tokens = sum(workload.prompt_tokens(i) for i in range(len(workload)))
+        # A prompt padded to whole blocks loads its padding too: only the tokens
+        # of the true prompt count, against its true length.
+        true_tokens = workload.prompt_tokens(i)
+        loaded_tokens += min(req.loaded_tokens, true_tokens)
+        prompt_tokens += true_tokens
     tier = connector.get_tier_stats()["cpu"]
     stats = connector.get_stats()
     ttfts = sorted(r.ttft for r in requests if r.ttft is not None)
@@ -188,9 +193,7 @@ def _result(
         hit_ratio=hit / prompt_chunks if prompt_chunks else 0.0,
         device_hit_chunks=device,
         total_hit_ratio=(hit + device) / prompt_chunks if prompt_chunks else 0.0,
-        token_hit_ratio=min(1.0, loaded_tokens / prompt_tokens)
-        if prompt_tokens
-        else 0.0,
+        token_hit_ratio=loaded_tokens / prompt_tokens if prompt_tokens else 0.0,
         chunks_stored=tier.chunks_stored,
         chunks_loaded=tier.chunks_loaded,
         chunks_evicted=tier.evictions,
