@@ -206,3 +206,24 @@ def test_token_hit_ratio_counts_a_padded_hit_only_up_to_the_true_prompt(
     result = run_replay(load_mooncake(trace), "lru", 100, ReplaySettings(512))
     assert result.hit_ratio == 0.5
     assert result.token_hit_ratio == 0.5
+
+
+def test_p90_ttft_of_two_requests_is_the_slower_one(tmp_path: Path) -> None:
+    """Scenario: a cold 17-chunk prompt, then the same prompt a minute later, which
+    loads from the host and starts sooner: the 90th percentile (nearest rank) of two
+    TTFTs is the larger, the cold one's."""
+    record = {
+        "input_length": 17 * 512,
+        "output_length": 10,
+        "hash_ids": list(range(17)),
+    }
+    settings = ReplaySettings(chunk_tokens=512)
+    first, both = tmp_path / "first.jsonl", tmp_path / "both.jsonl"
+    first.write_text(json.dumps({"timestamp": 0, **record}) + "\n")
+    both.write_text(
+        "".join(json.dumps({"timestamp": t, **record}) + "\n" for t in (0, 60_000))
+    )
+    cold = run_replay(load_mooncake(first), "lru", 100, settings).est_ttft_s
+    result = run_replay(load_mooncake(both), "lru", 100, settings)
+    assert result.est_ttft_s < cold
+    assert result.p90_ttft_s == pytest.approx(cold)

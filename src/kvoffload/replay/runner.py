@@ -59,7 +59,8 @@ class ReplaySettings:
 class ReplayResult:
     """One (policy, capacity) replay. Ratios are over prompt chunks, but
     `token_hit_ratio`: prompt tokens loaded from the host tier over all prompt
-    tokens, both at the trace's true prompt lengths (padding never counts)."""
+    tokens, both at the trace's true prompt lengths (padding never counts).
+    `p90_ttft_s` is the nearest-rank 90th percentile (of two TTFTs, the larger)."""
 
     workload: str
     policy: str
@@ -200,7 +201,16 @@ def _result(
         bytes_stored=stats.bytes_stored,
         bytes_loaded=stats.bytes_loaded,
         est_ttft_s=statistics.fmean(ttfts) if ttfts else 0.0,
-        p90_ttft_s=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else 0.0,
+        p90_ttft_s=_nearest_rank(ttfts, 90),
         wall_s=wall,
         requests_per_s=len(requests) / wall if wall > 0 else 0.0,
     )
+
+
+def _nearest_rank(ordered: list[float], percent: int) -> float:
+    """The `percent`th percentile of sorted `ordered` by nearest rank: the smallest
+    value with at least `percent`% of the values at or below it (0.0 if none)."""
+    if not ordered:
+        return 0.0
+    rank = -(-percent * len(ordered) // 100)  # ceil, in integers: 0.9 * 70 > 63
+    return ordered[max(rank, 1) - 1]
