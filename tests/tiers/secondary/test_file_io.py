@@ -134,6 +134,18 @@ def _refusing(
     return is_direct
 
 
+def _refuse_direct_at_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `os.open` answer EINVAL to O_DIRECT, as some file systems do."""
+    real_open = os.open
+
+    def open_refusing_direct(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_refusing_direct)
+
+
 @pytest.mark.parametrize("refuses", ["open", "pwritev", "preadv"])
 def test_file_system_refusing_direct_io_falls_back_to_the_page_cache(
     tmp_path: Path,
@@ -149,14 +161,7 @@ def test_file_system_refusing_direct_io_falls_back_to_the_page_cache(
     if not files.direct:
         pytest.skip("no direct I/O on this file system to begin with")
     if refuses == "open":
-        real_open = os.open
-
-        def open_refusing_direct(path: str, flags: int, *args: int) -> int:
-            if flags & os.O_DIRECT:
-                raise OSError(errno.EINVAL, "Invalid argument")
-            return real_open(path, flags, *args)
-
-        monkeypatch.setattr(os, "open", open_refusing_direct)
+        _refuse_direct_at_open(monkeypatch)
     else:
         _refusing(monkeypatch, refuses)
     with caplog.at_level(logging.WARNING):
@@ -183,14 +188,7 @@ def test_a_read_before_any_write_falls_back_when_open_refuses_direct_io(
     files = ChunkFiles(str(tmp_path), FINGERPRINT)
     if not files.direct:
         pytest.skip("no direct I/O on this file system to begin with")
-    real_open = os.open
-
-    def open_refusing_direct(path: str, flags: int, *args: int) -> int:
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", open_refusing_direct)
+    _refuse_direct_at_open(monkeypatch)
     assert files.read(key(1), [slots.slot_view(1)]) == ALIGNED
     assert bytes(slots.slot_view(1)) == payload(key(1), ALIGNED)
     assert not files.direct

@@ -88,16 +88,24 @@ def test_rebuild_removes_abandoned_temporary_files_and_keeps_chunks(
     again.shutdown()
 
 
-def test_rebuild_with_a_smaller_capacity_keeps_the_newest_files(
+def _restart_with_room_for_two_of_three(
     tmp_path: Path, buffer: ArrayChunkBuffer
-) -> None:
+) -> tuple[FileTier, FileTier]:
+    """Chunks 1, 2 and 3 stored and their files aged 3 (oldest), 1, 2; then a
+    tier restarted on the directory with room for two files: (first, restarted)."""
     tier = tier_at(tmp_path, buffer)
     store(tier, buffer, [1, 2, 3])
     tier.shutdown()
     base = time.time() - 100
-    for age, i in enumerate((3, 1, 2)):  # oldest first: 3, then 1, then 2
+    for age, i in enumerate((3, 1, 2)):
         os.utime(tier.chunk_path(key(i)), (base + age, base + age))
-    small = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    return tier, tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+
+
+def test_rebuild_with_a_smaller_capacity_keeps_the_newest_files(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    tier, small = _restart_with_room_for_two_of_three(tmp_path, buffer)
     assert [resolve(small, key(i)) for i in (1, 2, 3)] == [
         LookupResult.HIT,
         LookupResult.HIT,
@@ -114,13 +122,7 @@ def test_rebuild_announces_only_the_chunks_it_keeps_and_counts_its_evictions(
     evicts the oldest while rebuilding its index: routers hear of the two kept
     only (never of a chunk no removed event would follow), and the eviction
     is counted."""
-    tier = tier_at(tmp_path, buffer)
-    store(tier, buffer, [1, 2, 3])
-    tier.shutdown()
-    base = time.time() - 100
-    for age, i in enumerate((3, 1, 2)):  # oldest first: 3, then 1, then 2
-        os.utime(tier.chunk_path(key(i)), (base + age, base + age))
-    small = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
+    _, small = _restart_with_room_for_two_of_three(tmp_path, buffer)
     events = small.take_events()
     assert [(set(e.keys), e.removed) for e in events] == [({key(1), key(2)}, False)]
     stats = small.get_stats()

@@ -26,7 +26,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -295,14 +296,20 @@ class ChunkFiles:
 
     def _create(self, tmp: str, direct: bool) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
+        return self._open(partial(self._open_creating_dirs, tmp), flags, direct)
+
+    def _open(self, opener: Callable[[int], int], flags: int, direct: bool) -> int:
+        """`opener(flags)`, with O_DIRECT when `direct`. A file system that refuses
+        O_DIRECT at open (EINVAL) turns direct I/O off, and the open is retried
+        without it: the first I/O after a restart may be a read or a write."""
         if direct:
             try:
-                return self._open_creating_dirs(tmp, flags | _O_DIRECT)
+                return opener(flags | _O_DIRECT)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._no_direct(exc)
-        return self._open_creating_dirs(tmp, flags)
+        return opener(flags)
 
     @staticmethod
     def _open_creating_dirs(tmp: str, flags: int) -> int:
@@ -366,17 +373,7 @@ class ChunkFiles:
         return nbytes
 
     def _open_for_reading(self, path: str, direct: bool) -> int:
-        flags = os.O_RDONLY | _O_CLOEXEC
-        if direct:
-            # The first I/O after a restart may be a read: a file system that
-            # refuses O_DIRECT at open turns it off here, as `_create` does.
-            try:
-                return os.open(path, flags | _O_DIRECT)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                self._no_direct(exc)
-        return os.open(path, flags)
+        return self._open(partial(_open_path, path), os.O_RDONLY | _O_CLOEXEC, direct)
 
     def delete(self, key: OffloadKey) -> None:
         """Remove a chunk file; a missing file is fine, other errors are logged."""
@@ -461,3 +458,7 @@ class ChunkFiles:
         with contextlib.suppress(OSError):  # gone already: renamed into place, say
             if is_abandoned(os.path.basename(path), os.stat(path).st_mtime, now):
                 os.unlink(path)
+
+
+def _open_path(path: str, flags: int) -> int:
+    return os.open(path, flags)
