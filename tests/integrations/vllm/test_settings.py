@@ -79,6 +79,20 @@ def test_secondary_tiers_errors_do_not_show_a_redis_password(
     assert "s3" not in str(caught.value)
 
 
+@pytest.mark.parametrize("name", ["connector", "cpu"])
+def test_a_secondary_tier_may_not_take_a_reserved_name(name: str) -> None:
+    """Scenario: a file tier named like the connector's (or host memory's) own
+    stats would have its metrics overwritten by (or mixed with) theirs; it stops
+    start-up, and the error lists the reserved names."""
+    tier = {"type": "file", "path": "/tmp/kv", "capacity": "1GiB", "name": name}
+    with pytest.raises(
+        ValueError,
+        match=rf"\['secondary_tiers'\]\[0\]: name: '{name}' is reserved "
+        r".*\('cpu', 'connector'\)",
+    ):
+        parse(secondary_tiers=[tier])
+
+
 def test_host_memory_is_required() -> None:
     with pytest.raises(ValueError, match=r"\['cpu_bytes_to_use'\] is required"):
         KVOffloadSettings.from_extra_config({})

@@ -5,7 +5,8 @@ counters (`cpu.hits`, `file.chunks_stored`, ...) and the connector's own
 (`connector.hit_tokens`, ...), plus gauges (`cpu.occupancy`). vLLM sums them over
 its logging interval for the `KV Transfer metrics:` line and feeds each step's
 deltas to Prometheus as `vllm:kvoffload_<metric>_total{tier=...}` counters and
-`vllm:kvoffload_<metric>{tier=...}` gauges.
+`vllm:kvoffload_<metric>{tier=...}` gauges. A secondary tier may not be named
+`cpu` or `connector` (`RESERVED_NAMES`), so the keys of one never mix with another's.
 """
 
 from __future__ import annotations

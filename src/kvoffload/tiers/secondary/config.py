@@ -62,10 +62,21 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
     return cls(**kwargs)
 
 
+# Names the stats and Prometheus metrics already use as a tier: host memory
+# (`cpu`) and the connector's own counters (`connector`). A secondary tier of
+# either name would have its metrics mixed with, or overwritten by, theirs.
+RESERVED_NAMES = ("cpu", "connector")
+
+
 def _check_name(name: object) -> None:
     """A name `kv_load_tiers`/`kv_store_tiers` can select, and select alone:
     entries are also media and localities, `medium:locality`, and a string of
-    them is split at commas and stripped."""
+    them is split at commas and stripped. Not one of `RESERVED_NAMES`."""
+    if name in RESERVED_NAMES:
+        raise ValueError(
+            f"name: {name!r} is reserved for host memory and the connector in "
+            f"stats and metrics; reserved: {RESERVED_NAMES}"
+        )
     if (
         not isinstance(name, str)
         or not name
