@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -152,6 +154,18 @@ def test_registry_loads_a_policy_from_an_import_path() -> None:
 )
 def test_unknown_policy_names_raise_with_the_choices(name: str) -> None:
     with pytest.raises(ValueError, match="eviction_policy"):
+        get_policy_class(name)
+
+
+@pytest.mark.parametrize("name", ["..x", ".x", ":x", ".", "x..y:Z", "os:"])
+def test_a_malformed_import_path_raises_a_value_error_naming_it(name: str) -> None:
+    """Scenario: a relative or empty module name, which `importlib` refuses with
+    a TypeError or a ValueError that does not name the value."""
+    with pytest.raises(
+        ValueError,
+        match=rf"eviction_policy: cannot import {re.escape(repr(name))}.*"
+        r"expected one of \['arc', 'lru', 'split'\] or an import path",
+    ):
         get_policy_class(name)
 
 

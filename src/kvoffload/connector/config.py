@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kvoffload.config import finite_seconds
 
 
 def is_valid_max_defer_s(value: object) -> bool:
     """A finite number of seconds >= 0, not a bool: NaN never compares, and inf
     would let a deferral last forever (SPEC: it never lasts beyond a bound)."""
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
+    seconds = finite_seconds(value)
+    return seconds is not None and seconds >= 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,8 @@ class GroupSpec:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.offloaded, bool):
+            raise ValueError(f"offloaded must be true or false, got {self.offloaded!r}")
 
     @property
     def tokens_per_chunk(self) -> int:
@@ -74,9 +75,8 @@ class ConnectorConfig:
     null_block_id: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.groups:
-            raise ValueError("groups: at least one KV-cache group is required")
-        if self.hash_block_tokens == 0:
+        self._check_groups()
+        if type(self.hash_block_tokens) is int and self.hash_block_tokens == 0:
             object.__setattr__(
                 self, "hash_block_tokens", min(g.tokens_per_block for g in self.groups)
             )
@@ -101,6 +101,27 @@ class ConnectorConfig:
             )
         if type(self.world_size) is not int or self.world_size < 1:
             raise ValueError(f"world_size must be an int >= 1, got {self.world_size!r}")
+        if not isinstance(self.engine_prefix_caching, bool):
+            raise ValueError(
+                "engine_prefix_caching must be true or false, got "
+                f"{self.engine_prefix_caching!r}"
+            )
+        null = self.null_block_id
+        if null is not None and (type(null) is not int or null < 0):
+            raise ValueError(f"null_block_id must be an int >= 0 or None, got {null!r}")
+
+    def _check_groups(self) -> None:
+        groups = self.groups
+        if (
+            not isinstance(groups, Sequence)
+            or isinstance(groups, str)
+            or not all(isinstance(g, GroupSpec) for g in groups)
+        ):
+            raise ValueError(
+                f"groups must be a non-empty sequence of GroupSpec, got {groups!r}"
+            )
+        if not groups:
+            raise ValueError("groups: at least one KV-cache group is required")
 
     @property
     def block_alignment(self) -> int:

@@ -117,12 +117,14 @@ def policy_names() -> list[str]:
 
 
 def get_policy_class(name: str) -> type[EvictionPolicy]:
-    """The policy registered as `name`, or loaded from `module:Class` / `module.Class`."""
+    """The policy registered as `name`, or loaded from `module:Class` / `module.Class`.
+
+    Raises `ValueError` naming `name` and the choices for anything else, a
+    malformed import path included.
+    """
+    allowed = f"expected one of {policy_names()} or an import path 'module:Class'"
     if not isinstance(name, str) or not name:
-        raise ValueError(
-            f"eviction_policy: {name!r} is not a policy name; "
-            f"expected one of {policy_names()} or an import path 'module:Class'"
-        )
+        raise ValueError(f"eviction_policy: {name!r} is not a policy name; {allowed}")
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name or "." in name:
@@ -131,15 +133,16 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
             module_name, _, attr = name.rpartition(".")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"eviction_policy: cannot import {name!r}: {exc}") from exc
+        # import_module raises TypeError for a relative name ('..x') and
+        # ValueError for an empty one (':x'), neither naming the value.
+        except (ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"eviction_policy: cannot import {name!r} ({exc}); {allowed}"
+            ) from exc
         if isinstance(obj, type) and issubclass(obj, EvictionPolicy):
             return obj
         raise ValueError(f"eviction_policy: {name!r} is not an EvictionPolicy subclass")
-    raise ValueError(
-        f"eviction_policy: unknown policy {name!r}; "
-        f"expected one of {policy_names()} or an import path 'module:Class'"
-    )
+    raise ValueError(f"eviction_policy: unknown policy {name!r}; {allowed}")
 
 
 def create_policy(name: str, capacity: int) -> EvictionPolicy:

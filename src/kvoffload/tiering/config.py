@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from kvoffload.config import finite_seconds
 from kvoffload.tiers.secondary import Clock, create_secondary_tiers
 from kvoffload.worker import ChunkBuffer
 
@@ -25,12 +25,8 @@ class TieringConfig:
 
     def __post_init__(self) -> None:
         ttl = self.promotion_failure_ttl_s
-        if (
-            not isinstance(ttl, int | float)
-            or isinstance(ttl, bool)
-            or not math.isfinite(ttl)
-            or ttl <= 0
-        ):
+        seconds = finite_seconds(ttl)
+        if seconds is None or seconds <= 0:
             raise ValueError(
                 f"promotion_failure_ttl_s: {ttl!r} must be a positive number of seconds"
             )

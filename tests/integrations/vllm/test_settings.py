@@ -39,7 +39,10 @@ def test_good_values_parse() -> None:
     [
         ({"block_size": 0}, r"\['block_size'\]: 0 is not an integer >= 1"),
         ({"blocks_per_chunk": "2"}, r"\['blocks_per_chunk'\]: '2' is not an integer"),
-        ({"block_size": 32, "blocks_per_chunk": 2}, "not both"),
+        (
+            {"block_size": 32, "blocks_per_chunk": 2},
+            r"not both \(block_size=32, blocks_per_chunk=2\)",
+        ),
         ({"eviction_policy": "mru"}, r"\['eviction_policy'\]: .*mru"),
         ({"store_threshold": -1}, r"\['store_threshold'\]: -1"),
         ({"offload_prompt_only": "yes"}, r"\['offload_prompt_only'\]: 'yes'"),
@@ -59,6 +62,105 @@ def test_a_bad_value_names_the_key_and_the_value(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         parse(**extra)
+
+
+HUGE = 10**400  # more than a float holds: float(HUGE) raises OverflowError
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"cpu_bytes_to_use": 0},
+            r"\['cpu_bytes_to_use'\]: 0 must be > 0 bytes.*e\.g\. '16GiB'",
+        ),
+        (
+            {"cpu_bytes_to_use": "0GiB"},
+            r"\['cpu_bytes_to_use'\]: '0GiB' must be > 0 bytes.*e\.g\. '16GiB'",
+        ),
+        (
+            {"cpu_bytes_to_use": "0.5"},
+            r"\['cpu_bytes_to_use'\]: '0\.5' must be > 0 bytes",
+        ),
+        ({"cpu_bytes_to_use": [1]}, r"\['cpu_bytes_to_use'\]: cannot parse \[1\]"),
+        ({"cpu_bytes_to_use": float("nan")}, r"\['cpu_bytes_to_use'\]: .*nan"),
+        ({"cpu_bytes_to_use": -1}, r"\['cpu_bytes_to_use'\]: -1 is negative"),
+        ({"block_size": 32.0}, r"\['block_size'\]: 32\.0 is not an integer"),
+        ({"blocks_per_chunk": True}, r"\['blocks_per_chunk'\]: True is not an"),
+        (
+            {"eviction_policy": "..x"},
+            r"\['eviction_policy'\]: cannot import '\.\.x'.*expected one of",
+        ),
+        (
+            {"eviction_policy": ":x"},
+            r"\['eviction_policy'\]: cannot import ':x'.*expected one of",
+        ),
+        ({"eviction_policy": ["lru"]}, r"\['eviction_policy'\]: \['lru'\] is not a"),
+        (
+            {"secondary_tiers": [{"type": ["file"]}]},
+            r"\[0\]: type: \['file'\] is not a secondary tier type; expected one "
+            r"of \('file', 'memory', 'redis'\)",
+        ),
+        (
+            {"secondary_tiers": [{"type": {"file": 1}}]},
+            r"\[0\]: type: \{'file': 1\} is not a secondary tier type",
+        ),
+        ({"max_defer_s": HUGE}, r"\['max_defer_s'\]: 1000.* is not a finite number"),
+        ({"max_defer_s": -HUGE}, r"\['max_defer_s'\]: -1000.* is not a finite"),
+        ({"max_defer_s": [1]}, r"\['max_defer_s'\]: \[1\] is not a finite"),
+        ({"store_threshold": 0.5}, r"\['store_threshold'\]: 0\.5 is not an integer"),
+        ({"max_tracker_size": {}}, r"\['max_tracker_size'\]: \{\} is not an integer"),
+        ({"offload_prompt_only": None}, r"\['offload_prompt_only'\]: None is not"),
+        ({"model_tag": ["x"]}, r"\['model_tag'\]: \['x'\] is not a non-empty"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_names_the_key_the_value_and_what_is_allowed(
+    extra: dict[str, Any], message: str
+) -> None:
+    """Scenario: lists, dicts, bools, NaN, ints too large for a float, negative
+    and empty values, each a ValueError naming the key and the value, never an
+    exception of Python's own (OverflowError, a TypeError from importlib)."""
+    with pytest.raises(ValueError, match=message):
+        parse(**extra)
+
+
+@pytest.mark.parametrize(
+    ("tier", "message"),
+    [
+        ({"timeout_s": HUGE}, r"timeout_s: 1000.* must be a positive number"),
+        ({"timeout_s": 1e300}, r"timeout_s: 1e\+300 must be a positive number .*up"),
+        ({"ttl_s": HUGE}, r"ttl_s: 1000.* must be a positive number"),
+        ({"hit_cache_s": -HUGE}, r"hit_cache_s: -1000.* must be a positive number"),
+        ({"backoff_max_s": HUGE}, r"backoff_max_s: 1000.* must be a positive"),
+        ({"batch_bytes": "0MiB"}, r"batch_bytes: '0MiB' must be > 0 bytes"),
+        ({"cluster": [True]}, r"cluster: \[True\] must be true or false"),
+    ],
+)
+def test_a_bad_redis_tier_value_names_the_key_and_the_value(
+    tier: dict[str, Any], message: str
+) -> None:
+    redis = {"type": "redis", "url": "redis://cache:6379", **tier}
+    with pytest.raises(ValueError, match=r"\['secondary_tiers'\]\[0\]: " + message):
+        parse(secondary_tiers=[redis])
+
+
+@pytest.mark.parametrize(
+    ("tier", "message"),
+    [
+        ({"rescan_interval_s": HUGE}, r"rescan_interval_s: 1000.* must be a positive"),
+        ({"rescan_interval_s": float("nan")}, r"rescan_interval_s: nan must be"),
+        ({"capacity": "0GiB"}, r"capacity: '0GiB' must be > 0 bytes"),
+        ({"capacity": {"GiB": 1}}, r"capacity: cannot parse \{'GiB': 1\} as a size"),
+        ({"num_threads": 1e300}, r"num_threads: 1e\+300 must be an int >= 1"),
+        ({"path": ["/kv"]}, r"path: \['/kv'\] must be a non-empty directory path"),
+    ],
+)
+def test_a_bad_file_tier_value_names_the_key_and_the_value(
+    tier: dict[str, Any], message: str
+) -> None:
+    file = {"type": "file", "path": "/tmp/kv", "capacity": "1GiB", **tier}
+    with pytest.raises(ValueError, match=r"\['secondary_tiers'\]\[0\]: " + message):
+        parse(secondary_tiers=[file])
 
 
 @pytest.mark.parametrize(

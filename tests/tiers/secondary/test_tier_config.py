@@ -227,3 +227,18 @@ def test_tiering_config_validation() -> None:
         TieringConfig.from_mapping({"ttl": 5})
     with pytest.raises(ValueError, match="promotion_failure_ttl_s: 0"):
         TieringConfig(promotion_failure_ttl_s=0)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"promotion_failure_ttl_s": 10**400}, r"promotion_failure_ttl_s: 1000.* must"),
+        ({"promotion_failure_ttl_s": [30]}, r"promotion_failure_ttl_s: \[30\] must"),
+        ({"max_remembered_failures": 1.5}, r"max_remembered_failures: 1\.5 must be"),
+    ],
+)
+def test_tiering_config_errors_name_the_key_and_the_value(
+    mapping: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TieringConfig.from_mapping(mapping)

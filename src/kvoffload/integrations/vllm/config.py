@@ -81,17 +81,18 @@ class KVOffloadSettings:
                 "kv_connector_extra_config['cpu_bytes_to_use'] is required: "
                 "host memory for the primary tier, e.g. '16GiB'"
             )
-        cpu = parse_size(
-            extra["cpu_bytes_to_use"], "kv_connector_extra_config['cpu_bytes_to_use']"
-        )
+        raw_cpu = extra["cpu_bytes_to_use"]
+        cpu = parse_size(raw_cpu, "kv_connector_extra_config['cpu_bytes_to_use']")
         if cpu < 1:
             raise ValueError(
-                "kv_connector_extra_config['cpu_bytes_to_use'] must be > 0"
+                f"kv_connector_extra_config['cpu_bytes_to_use']: {raw_cpu!r} must be "
+                "> 0 bytes: host memory for the primary tier, e.g. '16GiB'"
             )
         if "block_size" in extra and "blocks_per_chunk" in extra:
             raise ValueError(
                 "kv_connector_extra_config: give block_size (tokens per chunk) or "
-                "blocks_per_chunk, not both"
+                "blocks_per_chunk, not both (block_size="
+                f"{extra['block_size']!r}, blocks_per_chunk={extra['blocks_per_chunk']!r})"
             )
         chunk_tokens = (
             _int(extra, "block_size", 0, 1) if "block_size" in extra else None
@@ -105,8 +106,10 @@ class KVOffloadSettings:
         try:
             get_policy_class(policy)
         except ValueError as exc:
+            # The key is named once, not as `['eviction_policy']: eviction_policy:`.
+            reason = str(exc).removeprefix("eviction_policy: ")
             raise ValueError(
-                f"kv_connector_extra_config['eviction_policy']: {exc}"
+                f"kv_connector_extra_config['eviction_policy']: {reason}"
             ) from None
         tiers = extra.get("secondary_tiers", [])
         if not isinstance(tiers, Sequence) or isinstance(tiers, str | bytes):

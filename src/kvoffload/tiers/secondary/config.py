@@ -9,13 +9,14 @@ that lists the valid ones.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from kvoffload.config import parse_size
+from kvoffload.config import finite_seconds, parse_size
 from kvoffload.config.request_params import LOCALITIES, MEDIA
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
@@ -98,12 +99,21 @@ def _check_int(value: object, field_name: str, minimum: int) -> None:
         raise ValueError(f"{field_name}: {value!r} must be an int >= {minimum}")
 
 
-def _check_seconds(value: object, field_name: str, allow_none: bool = False) -> None:
+def _check_seconds(
+    value: object,
+    field_name: str,
+    allow_none: bool = False,
+    maximum: float = math.inf,
+) -> None:
     if value is None and allow_none:
         return
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
-        allowed = "a positive number of seconds" + (" or null" if allow_none else "")
+    seconds = finite_seconds(value)
+    if seconds is None or seconds <= 0 or seconds > maximum:
+        allowed = "a positive number of seconds"
+        if maximum < math.inf:
+            allowed += f" up to {maximum:.0f}"
+        if allow_none:
+            allowed += " or null"
         raise ValueError(f"{field_name}: {value!r} must be {allowed}")
 
 
@@ -181,11 +191,10 @@ class FileTierConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"path: {self.path!r} must be a non-empty directory path")
-        object.__setattr__(
-            self, "capacity_bytes", parse_size(self.capacity_bytes, "capacity")
-        )
+        capacity = self.capacity_bytes
+        object.__setattr__(self, "capacity_bytes", parse_size(capacity, "capacity"))
         if self.capacity_bytes <= 0:
-            raise ValueError(f"capacity: {self.capacity_bytes!r} must be > 0 bytes")
+            raise ValueError(f"capacity: {capacity!r} must be > 0 bytes")
         _check_eviction_policy(self.eviction_policy)
         _check_name(self.name)
         _check_locality(self.locality)
@@ -248,7 +257,10 @@ class RedisTierConfig:
     def __post_init__(self) -> None:
         _check_redis_url(self.url)
         _check_name(self.name)
-        for name in ("timeout_s", "hit_cache_s", "miss_cache_s"):
+        # A socket timeout past what the platform's clock holds raises
+        # OverflowError on every call; refuse it here instead.
+        _check_seconds(self.timeout_s, "timeout_s", maximum=threading.TIMEOUT_MAX)
+        for name in ("hit_cache_s", "miss_cache_s"):
             _check_seconds(getattr(self, name), name)
         for name in ("backoff_initial_s", "backoff_max_s"):
             _check_seconds(getattr(self, name), name)
@@ -266,11 +278,10 @@ class RedisTierConfig:
         object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
         _check_int(self.num_threads, "num_threads", 1)
         _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
-        object.__setattr__(
-            self, "batch_bytes", parse_size(self.batch_bytes, "batch_bytes")
-        )
+        batch = self.batch_bytes
+        object.__setattr__(self, "batch_bytes", parse_size(batch, "batch_bytes"))
         if self.batch_bytes < 1:
-            raise ValueError(f"batch_bytes: {self.batch_bytes!r} must be > 0")
+            raise ValueError(f"batch_bytes: {batch!r} must be > 0 bytes")
         if not isinstance(self.cluster, bool):
             raise ValueError(f"cluster: {self.cluster!r} must be true or false")
         if is_sentinel_url(self.url):

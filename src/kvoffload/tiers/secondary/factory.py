@@ -29,13 +29,14 @@ def parse_tier_config(
     """Validate a tier's mapping without creating the tier (start-up checks)."""
     if not isinstance(mapping, Mapping):
         raise _not_a_mapping(mapping)
-    config_cls = _CONFIGS.get(mapping.get("type"))  # type: ignore[arg-type]
-    if config_cls is None:
+    tier_type = mapping.get("type")
+    # A str first: a list or a dict is no key of `_CONFIGS` (not even hashable).
+    if not isinstance(tier_type, str) or tier_type not in _CONFIGS:
         raise ValueError(
-            f"type: {mapping.get('type')!r} is not a secondary tier type; "
+            f"type: {tier_type!r} is not a secondary tier type; "
             f"expected one of {TIER_TYPES}"
         )
-    return config_cls.from_mapping(mapping)
+    return _CONFIGS[tier_type].from_mapping(mapping)
 
 
 def create_secondary_tier(
