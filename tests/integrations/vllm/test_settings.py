@@ -195,6 +195,25 @@ def test_a_secondary_tier_may_not_take_a_reserved_name(name: str) -> None:
         parse(secondary_tiers=[tier])
 
 
+@pytest.mark.parametrize(
+    ("extra", "engine_blocks_per_chunk"),
+    [
+        ({"block_size": None}, 1),
+        ({"blocks_per_chunk": None}, 1),
+        ({"block_size": None, "blocks_per_chunk": None}, 1),
+        ({"block_size": None, "blocks_per_chunk": 4}, 4),
+        ({"block_size": 64, "blocks_per_chunk": None}, 4),
+    ],
+)
+def test_a_null_chunk_size_means_unset(
+    extra: dict[str, Any], engine_blocks_per_chunk: int
+) -> None:
+    """Scenario: a config written for vLLM's OffloadingConnector, which reads
+    `block_size` and `blocks_per_chunk` with `extra_config.get(...)`, so null is
+    unset there; here too, and not 'both given'."""
+    assert parse(**extra).blocks_per_chunk_for(16) == engine_blocks_per_chunk
+
+
 def test_host_memory_is_required() -> None:
     with pytest.raises(ValueError, match=r"\['cpu_bytes_to_use'\] is required"):
         KVOffloadSettings.from_extra_config({})

@@ -1,9 +1,10 @@
 """`kv_connector_extra_config`, validated once at start-up.
 
 The keys of vLLM's own `OffloadingConnector` where they mean the same thing, plus a
-few of kvoffload's. Sizes may be written as `"64GiB"`. An unknown key or a bad
-value raises `ValueError` naming the key, the value and what is allowed, so vLLM
-stops at start-up instead of serving with a misread setting.
+few of kvoffload's. Sizes may be written as `"64GiB"`; a null `block_size` or
+`blocks_per_chunk` is unset, as there. An unknown key or a bad value raises
+`ValueError` naming the key, the value and what is allowed, so vLLM stops at
+start-up instead of serving with a misread setting.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ KEYS: dict[str, str] = {
     "model_tag": "names the weights in keys, files and Redis instead of the model's "
     "path and a sample of its weight files (a checkpoint version, say)",
 }
+
+# Keys vLLM's OffloadingConnector reads with `extra_config.get(...)`, where null
+# is unset: so it is here (and two nulls are not "both given").
+NULL_IS_UNSET = ("block_size", "blocks_per_chunk")
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
@@ -69,7 +74,11 @@ class KVOffloadSettings:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVOffloadSettings:
-        extra = dict(extra or {})
+        extra = {
+            key: value
+            for key, value in (extra or {}).items()
+            if not (key in NULL_IS_UNSET and value is None)
+        }
         unknown = sorted(set(extra) - set(KEYS))
         if unknown:
             valid = "\n".join(f"  {key}: {doc}" for key, doc in KEYS.items())
