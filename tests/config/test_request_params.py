@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvoffload.config import RequestParams, parse_size
+from kvoffload.config import RequestParams
 
 
 @pytest.mark.parametrize(
@@ -84,30 +84,6 @@ def test_bad_tier_selector_warns_and_allows_all(
         params = RequestParams.parse("r9", {"kv_load_tiers": ["ssd:far"]})
     assert params.load_tiers.allows("disk", "storage", "local")
     assert any("r9" in r.getMessage() for r in caplog.records)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (4096, 4096),
-        ("4096", 4096),
-        ("64GiB", 64 * 2**30),
-        ("1.5 KiB", 1536),
-        ("2mb", 2 * 10**6),
-        # Exact, not through a float: no rounding, no overflow to infinity.
-        ("18446744073709551617", 2**64 + 1),
-        ("1" + "0" * 400 + "B", 10**400),
-        ("0.1TiB", 2**40 // 10),
-    ],
-)
-def test_parse_size(value: object, expected: int) -> None:
-    assert parse_size(value, "cpu_bytes_to_use") == expected
-
-
-@pytest.mark.parametrize("value", ["lots", "-5", -5, "4 parsecs", None, True])
-def test_parse_size_errors_name_the_field(value: object) -> None:
-    with pytest.raises(ValueError, match="cpu_bytes_to_use"):
-        parse_size(value, "cpu_bytes_to_use")
 
 
 TIERS = frozenset({"cpu", "disk", "shared"})

@@ -1,4 +1,8 @@
-"""Byte sizes written as numbers or strings such as "64GiB", "512MB", "1.5 GiB"."""
+"""Byte sizes written as numbers or strings such as "64GiB", "512MB", "1.5 GiB".
+
+A size is a whole number of bytes ("1.5B" is refused, not rounded), written with
+ASCII digits.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII only: with Unicode `\d`, "١٠GiB" (Arabic-Indic digits) read as 10 GiB.
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
 
 
 def parse_size(value: object, field: str) -> int:
-    """Bytes in `value` (an int, or a string with an optional unit).
+    """Bytes in `value` (an int, or a string with an optional unit), a whole
+    number of them: "1.5GiB" is, "1.5B" and "0.1TiB" are not.
 
     Raises `ValueError` naming `field`, the value and what is allowed.
     """
@@ -33,11 +39,17 @@ def parse_size(value: object, field: str) -> int:
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
     if isinstance(value, str):
-        match = _SIZE_RE.match(value)
+        match = _SIZE_RE.fullmatch(value)
         if match:
             number, unit = match.groups()
             factor = _UNITS.get(unit.lower())
             if factor is not None:
                 # Exact: a float would round large sizes and overflow huge ones.
-                return int(Fraction(number) * factor)
+                size = Fraction(number) * factor
+                if size.denominator != 1:
+                    raise ValueError(
+                        f"{field}: {value!r} is not a whole number of bytes; "
+                        f"expected {allowed}"
+                    )
+                return int(size)
     raise ValueError(f"{field}: cannot parse {value!r} as a size; expected {allowed}")

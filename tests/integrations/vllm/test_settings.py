@@ -80,7 +80,7 @@ HUGE = 10**400  # more than a float holds: float(HUGE) raises OverflowError
         ),
         (
             {"cpu_bytes_to_use": "0.5"},
-            r"\['cpu_bytes_to_use'\]: '0\.5' must be > 0 bytes",
+            r"\['cpu_bytes_to_use'\]: '0\.5' is not a whole number of bytes",
         ),
         ({"cpu_bytes_to_use": [1]}, r"\['cpu_bytes_to_use'\]: cannot parse \[1\]"),
         ({"cpu_bytes_to_use": float("nan")}, r"\['cpu_bytes_to_use'\]: .*nan"),
