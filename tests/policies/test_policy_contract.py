@@ -169,6 +169,17 @@ def test_a_malformed_import_path_raises_a_value_error_naming_it(name: str) -> No
         get_policy_class(name)
 
 
+@pytest.mark.parametrize(
+    "name", ["kvoffload.policies.base:EvictionPolicy", "collections:OrderedDict"]
+)
+def test_an_import_path_to_no_usable_policy_is_refused_naming_it(name: str) -> None:
+    """Scenario: the path names the abstract base class (which would pass a
+    subclass check, then fail when the tier is built) or a class that is no
+    policy at all: start-up refuses it, naming the value."""
+    with pytest.raises(ValueError, match=rf"{re.escape(repr(name))} is not a concrete"):
+        get_policy_class(name)
+
+
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         create_policy("lru", 0)

@@ -9,6 +9,7 @@ from an import path (`package.module:Class`), so out-of-tree policies plug in.
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence, Set
 from itertools import islice
@@ -139,9 +140,16 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
             raise ValueError(
                 f"eviction_policy: cannot import {name!r} ({exc}); {allowed}"
             ) from exc
-        if isinstance(obj, type) and issubclass(obj, EvictionPolicy):
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, EvictionPolicy)
+            and not inspect.isabstract(obj)
+        ):
             return obj
-        raise ValueError(f"eviction_policy: {name!r} is not an EvictionPolicy subclass")
+        raise ValueError(
+            f"eviction_policy: {name!r} is not a concrete EvictionPolicy subclass"
+            " (one that implements every abstract method)"
+        )
     raise ValueError(f"eviction_policy: unknown policy {name!r}; {allowed}")
 
 
