@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,102 @@ def test_a_budget_too_large_to_map_names_the_setting() -> None:
     caches, spec = _one_group_caches()
     with pytest.raises(ValueError, match=r"cpu_bytes_to_use: 1180591620717411303424"):
         create_data_plane(caches, [spec], 1 << 70)
+
+
+_CREATOR = """
+import os, sys
+from kvoffload.worker import HostPool, GroupGeometry, PoolGeometry
+g = PoolGeometry.of([GroupGeometry(0, 2, 1024, 2), GroupGeometry(1, 1, 512, 4)])
+if sys.argv[2] == "stall":  # killed while it reserves the pool's memory
+    reserve = os.posix_fallocate
+    def stalled(fd, offset, length):
+        reserve(fd, offset, length)
+        print("reserved", flush=True)
+        sys.stdin.read()
+    os.posix_fallocate = stalled
+if sys.argv[2] == "elsewhere":  # a process of another host sharing the directory
+    import kvoffload.processes
+    kvoffload.processes.HOST_NAMESPACE = "otherhost-1"
+pools = [HostPool.create(g, 3, name=n, shm_dir=sys.argv[1]) for n in sys.argv[3:]]
+print("created", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextmanager
+def _creator(shm_dir: Path, how: str, *names: str) -> Iterator[subprocess.Popen[str]]:
+    """A process that creates pools `names` in `shm_dir` (`how`: "plain", "stall"
+    in its reservation of the first, or "elsewhere" as of another host) and
+    waits; killed at the end if it is still alive."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CREATOR, str(shm_dir), how, *names],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline()
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    child.send_signal(signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+
+
+def test_create_removes_the_pools_a_killed_creator_left(tmp_path: Path) -> None:
+    """Scenario: a worker is SIGKILLed (the OOM killer, docker kill) with two
+    named pools; a later start creates a pool in the same directory, one of the
+    same name (a fixed engine_id): the dead worker's pools are removed, so its
+    memory comes back and the name is free again."""
+    with _creator(tmp_path, "plain", "pool-a", "pool-b") as child:
+        _kill(child)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pool-a", "pool-b"]
+    with HostPool.create(GEOMETRY, 1, name="pool-a", shm_dir=str(tmp_path)):
+        assert [p.name for p in tmp_path.iterdir()] == ["pool-a"]
+        assert HostPool.attach("pool-a", shm_dir=str(tmp_path)).num_slots == 1
+
+
+def test_create_keeps_the_pools_of_live_creators_and_of_other_hosts(
+    tmp_path: Path,
+) -> None:
+    """Scenario: another engine is running (its worker alive), this process
+    has a pool of its own, and a killed process of another host left one in a
+    directory the hosts share (whether it lives cannot be told from here): a
+    new pool removes none of them, and the live engine's still attaches."""
+    with _creator(tmp_path, "elsewhere", "other-host") as elsewhere:
+        _kill(elsewhere)
+    shm_dir = str(tmp_path)
+    with (
+        _creator(tmp_path, "plain", "live-engine"),
+        HostPool.create(GEOMETRY, 2, name="own", shm_dir=shm_dir),
+        HostPool.create(GEOMETRY, 1, name="new", shm_dir=shm_dir),
+    ):
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names == ["live-engine", "new", "other-host", "own"]
+        assert HostPool.attach("live-engine", GEOMETRY, 3, shm_dir=shm_dir)
+
+
+def test_create_removes_a_killed_creators_temporary_at_full_size(
+    tmp_path: Path,
+) -> None:
+    """Scenario: a worker is killed while it reserves its pool's memory, so the
+    hidden temporary file holds all of it; while the worker lived, another
+    start left it alone (a creation in progress), and after the kill the next
+    start removes it."""
+
+    def hidden() -> list[int]:
+        return [p.stat().st_size for p in tmp_path.iterdir() if p.name[0] == "."]
+
+    full = 4096 + 3 * GEOMETRY.slot_nbytes
+    with _creator(tmp_path, "stall", "stalled") as child:
+        assert hidden() == [full]
+        with HostPool.create(GEOMETRY, 1, name="first", shm_dir=str(tmp_path)):
+            assert hidden() == [full]
+        _kill(child)
+    with HostPool.create(GEOMETRY, 1, name="second", shm_dir=str(tmp_path)):
+        assert hidden() == []
+        assert [p.name for p in tmp_path.iterdir()] == ["second"]

@@ -3,14 +3,18 @@
 The pool needs no torch: it is an `mmap` exposed as a `numpy` array and as
 per-slot `memoryview`s, so secondary tiers read and write chunks in place. Given a
 name it lives in a shared-memory file (`/dev/shm/NAME`) that another process (the
-scheduler, beside the worker that created it) attaches to by name.
+scheduler, beside the worker that created it) attaches to by name. Its header
+names its creator, so that a pool a killed worker left is removed at the next
+start (`HostPool.create`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
+import stat
 import struct
 import weakref
 from pathlib import Path
@@ -18,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload import processes
 from kvoffload.worker.base import OneViewPerChunk
 from kvoffload.worker.geometry import GroupGeometry, PoolGeometry
 
@@ -26,10 +31,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHM_DIR = "/dev/shm"
 _HEADER_NBYTES = 4096  # one page, so that the slots start page-aligned
 _MAGIC = b"KVOPOOL\x00"
-_VERSION = 2
-# magic, version, groups, slots, slot bytes, KV layout (`KVLayout.fingerprint`)
+_VERSION = 3
+# magic, version, groups, slots, slot bytes, KV layout (`KVLayout.fingerprint`),
+# the creator's host and pid namespace (`processes.HOST_NAMESPACE`) and pid
 _LAYOUT_NBYTES = 32
-_HEAD = struct.Struct(f"<8sIIQQ{_LAYOUT_NBYTES}s")
+_CREATOR_NBYTES = 96
+_HEAD = struct.Struct(f"<8sIIQQ{_LAYOUT_NBYTES}s{_CREATOR_NBYTES}sQ")
 _GROUP = struct.Struct("<QQQQ")  # group, layers, layer block bytes, blocks per chunk
 _MAX_GROUPS = (_HEADER_NBYTES - _HEAD.size) // _GROUP.size
 
@@ -41,7 +48,9 @@ class HostPool(OneViewPerChunk):
     chunk of group `g` fills its first `chunk_nbytes(g)` bytes. The pool does no
     bookkeeping of which slot holds what: that is the primary tier manager's.
     `close` releases the mapping; the process that created a named pool also
-    removes its file then (or at exit, if it never calls `close`).
+    removes its file then (or at exit, if it never calls `close`). A creator
+    killed before either leaves the file; the next `create` of a named pool in
+    that directory on its host removes it.
     """
 
     def __init__(
@@ -84,9 +93,16 @@ class HostPool(OneViewPerChunk):
     ) -> HostPool:
         """A new pool, anonymous or (with `name`) in the file `shm_dir/name`.
 
+        A named pool first removes from `shm_dir` the pools, and the temporary
+        files of pools being created, whose creator was a process of this host
+        and pid namespace that has exited: a killed one's (a process that exits
+        normally removes its own). Those of live processes, this one's included,
+        and of other hosts or pid namespaces (whose pids mean nothing here) are
+        left alone.
+
         The file's space is reserved up front, so a full `/dev/shm` is an
         `OSError` here rather than a crash at the first write. With `exist_ok`,
-        a file left by an earlier run is replaced. `layout` (at most 32 ASCII
+        a file of that name still there (a live process's) is replaced. `layout` (at most 32 ASCII
         characters) names how the engine's KV bytes are arranged, for the
         process that attaches: it names the chunks, the worker sees the tensors.
         """
@@ -102,9 +118,12 @@ class HostPool(OneViewPerChunk):
         if len(geometry.groups) > _MAX_GROUPS:
             raise ValueError(f"a named pool holds at most {_MAX_GROUPS} groups")
         path = _shm_path(name, shm_dir)
+        _remove_left_by_exited_creators(path.parent)
         if path.exists() and not exist_ok:
             raise FileExistsError(f"host pool {str(path)!r} exists; pass exist_ok=True")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # Named by its creator, so that one killed while it reserves the memory
+        # (all of it, in a file no attacher can name) is found and removed.
+        tmp = path.with_name(f".{path.name}{processes.temporary_suffix()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, _HEADER_NBYTES + nbytes)
@@ -133,7 +152,7 @@ class HostPool(OneViewPerChunk):
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            found, found_slots, layout = _decode_header(
+            found, found_slots, layout, _ = _decode_header(
                 os.pread(fd, _HEADER_NBYTES, 0), path
             )
             expected_size = _HEADER_NBYTES + found_slots * found.slot_nbytes
@@ -235,6 +254,72 @@ def _unlink_quietly(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
+def _remove_left_by_exited_creators(directory: Path) -> None:
+    """Remove the pools and pool temporaries in `directory` that a process known
+    to have exited created (`processes.has_exited`).
+
+    A pool is told by its header, whatever its name; a pool's temporary file by
+    its name (`processes.temporary_suffix`), as its header is written only once
+    its memory is reserved. A pool whose creator is alive stays, whoever
+    attaches to it: a worker creates its pool and lives as long as its engine,
+    whose scheduler attaches to it by name. A live process still mapping a
+    removed pool keeps its memory until it unmaps it; only the name goes.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return  # the directory's own error, if any, comes with the pool's file
+    for entry in entries:
+        if entry.name.startswith("."):
+            if entry.is_file(follow_symlinks=False) and processes.writer_has_exited(
+                entry.name
+            ):
+                _remove_left(Path(entry.path), "temporary file of a host pool")
+        else:
+            inode = _exited_creators_pool(entry)
+            if inode is not None and _same_file(entry.path, inode):
+                _remove_left(Path(entry.path), "host pool")
+
+
+def _exited_creators_pool(entry: os.DirEntry[str]) -> int | None:
+    """The inode of `entry` if it is a host pool whose creator has exited."""
+    if not entry.is_file(follow_symlinks=False):
+        return None
+    try:
+        # Other programs' files share /dev/shm: never block on, nor follow, one.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(entry.path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < _HEADER_NBYTES:
+            return None
+        _, _, _, (namespace, pid) = _decode_header(
+            os.pread(fd, _HEADER_NBYTES, 0), Path(entry.path)
+        )
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return st.st_ino if processes.has_exited(namespace, pid) else None
+
+
+def _same_file(path: str, inode: int) -> bool:
+    """Whether `path` is still the file read: a live process may have renamed a
+    new pool of the same name into place since."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino == inode
+    except OSError:
+        return False
+
+
+def _remove_left(path: Path, what: str) -> None:
+    with contextlib.suppress(OSError):  # gone already: another start removed it
+        path.unlink()
+        logger.warning("removed %s %s: its creator has exited", what, path)
+
+
 def _encode_header(geometry: PoolGeometry, num_slots: int, layout: str) -> bytes:
     head = _HEAD.pack(
         _MAGIC,
@@ -243,6 +328,8 @@ def _encode_header(geometry: PoolGeometry, num_slots: int, layout: str) -> bytes
         num_slots,
         geometry.slot_nbytes,
         layout.encode("ascii"),
+        processes.HOST_NAMESPACE.encode("ascii"),
+        os.getpid(),
     )
     groups = b"".join(
         _GROUP.pack(g.group, g.num_layers, g.layer_block_nbytes, g.blocks_per_chunk)
@@ -251,10 +338,16 @@ def _encode_header(geometry: PoolGeometry, num_slots: int, layout: str) -> bytes
     return head + groups
 
 
-def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int, str]:
+def _decode_header(
+    data: bytes, path: Path
+) -> tuple[PoolGeometry, int, str, tuple[str, int]]:
+    """The header's geometry, slots, layout and creator (host and pid namespace,
+    pid); `ValueError` if it is not a pool's of this version, or is corrupt."""
     if len(data) < _HEAD.size:
         raise ValueError(f"host pool {str(path)!r}: file is shorter than its header")
-    magic, version, num_groups, num_slots, slot_nbytes, layout = _HEAD.unpack_from(data)
+    magic, version, num_groups, num_slots, slot_nbytes, layout, namespace, pid = (
+        _HEAD.unpack_from(data)
+    )
     if magic != _MAGIC or version != _VERSION:
         raise ValueError(
             f"host pool {str(path)!r}: not a kvoffload host pool of version {_VERSION}"
@@ -271,6 +364,7 @@ def _decode_header(data: bytes, path: Path) -> tuple[PoolGeometry, int, str]:
     if geometry.slot_nbytes != slot_nbytes:
         raise ValueError(f"host pool {str(path)!r}: corrupt header (slot size)")
     try:
-        return geometry, num_slots, layout.rstrip(b"\0").decode("ascii")
+        creator = (namespace.rstrip(b"\0").decode("ascii"), pid)
+        return geometry, num_slots, layout.rstrip(b"\0").decode("ascii"), creator
     except UnicodeDecodeError:
-        raise ValueError(f"host pool {str(path)!r}: corrupt header (layout)") from None
+        raise ValueError(f"host pool {str(path)!r}: corrupt header (text)") from None

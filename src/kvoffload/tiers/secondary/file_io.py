@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvoffload.keys import OffloadKey
+from kvoffload.processes import TMP_SUFFIX, temporary_suffix
 from kvoffload.tiers.secondary.codec import (
     CorruptChunkError,
     check_header,
@@ -42,11 +43,7 @@ from kvoffload.tiers.secondary.codec import (
     header_size,
     payload_checksum,
 )
-from kvoffload.tiers.secondary.file_temporary import (
-    TMP_SUFFIX,
-    is_abandoned,
-    temporary_suffix,
-)
+from kvoffload.tiers.secondary.file_temporary import is_abandoned
 
 logger = logging.getLogger(__name__)
 
