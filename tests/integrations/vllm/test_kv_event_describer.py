@@ -7,6 +7,7 @@ CBOR, as an engine with prefix caching does).
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,3 +151,81 @@ def test_requests_vllm_did_not_hash_are_not_described() -> None:
     events.describe(request(TOKENS, hashed=False), 0, [(0, key(0))])
     assert len(events) == 0
     assert events.translate([stored([key(0)])]) == []
+
+
+def test_a_chunk_host_memory_evicts_as_its_file_lands_is_announced_on_disk(
+    tmp_path: Path,
+) -> None:
+    """Scenario: chunk K is stored in a one-slot host tier and written to the file
+    tier; in the next step the file tier reports K written and another request's
+    store evicts K from host memory. The tiering manager's batch is [K removed
+    from cpu, K stored in file]: the router hears both, and later K's removal
+    from disk."""
+    from kvoffload import CPUOffloadingManager, ReqContext
+    from kvoffload.tiering import TieringConfig, TieringManager
+    from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
+
+    buf = ArrayChunkBuffer(1, 64)
+    disk = FileTier(FileTierConfig(str(tmp_path), "1MiB"), buf, "fp-test")
+    host = CPUOffloadingManager(1, "lru", enable_events=True)
+    manager = TieringManager(host, [disk], TieringConfig())
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    a, b = ReqContext.create("a"), ReqContext.create("b")
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0))])
+    manager.on_new_request(a)
+    manager.prepare_store([key(0)], a)
+    manager.complete_store([key(0)], a)
+    manager.on_schedule_end()
+    assert [e.medium for e in events.translate(manager.take_events())] == ["CPU"]
+    disk.drain()
+
+    manager.on_new_request(b)
+    manager.lookup(key(9), b)  # polls the file tier: K is on disk
+    events.describe(request(list(range(200, 220))), 0, [(0, key(1))])
+    manager.prepare_store([key(1)], b)  # evicts K from the one host slot
+    manager.on_schedule_end()
+    batch = manager.take_events()
+    assert [(e.tier, e.removed) for e in batch] == [("cpu", True), ("file", False)]
+    out = events.translate(batch)
+    assert [(type(e), e.medium, e.ownership, e.block_hashes) for e in out] == [
+        (BlockRemoved, "CPU", None, external(req, 0, 2)),
+        (BlockStored, "STORAGE", "file", external(req, 0, 2)),
+    ]
+    out = events.translate([removed([key(0)], "file")])
+    assert [(type(e), e.ownership) for e in out] == [(BlockRemoved, "file")]
+    assert len(events) == 1, "only the store in flight of the other chunk is left"
+
+
+def test_a_chunk_stored_on_disk_before_host_memory_evicts_it_is_announced() -> None:
+    """Scenario: one batch holds K stored in the file tier, then K removed from
+    host memory (the reverse order). Both are announced and K stays described."""
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0))])
+    events.translate([stored([key(0)])])
+    out = events.translate([stored([key(0)], "file"), removed([key(0)])])
+    assert [(type(e), e.medium) for e in out] == [
+        (BlockStored, "STORAGE"),
+        (BlockRemoved, "CPU"),
+    ]
+    assert len(events) == 1
+
+
+def test_a_chunk_evicted_and_stored_again_in_one_batch_is_announced_again() -> None:
+    """Scenario: in one step host memory evicts K and another request stores K
+    again: the batch is [K removed from cpu, K stored in cpu]. The router hears
+    the removal and the store, and K's description stays while it is held."""
+    events = KVEventDescriber(kv_cache_config(), SHAPE)
+    req = request(TOKENS)
+    events.describe(req, 0, [(0, key(0))])
+    events.translate([stored([key(0)])])
+    out = events.translate([removed([key(0)]), stored([key(0)])])
+    assert [(type(e), e.medium, e.block_hashes) for e in out] == [
+        (BlockRemoved, "CPU", external(req, 0, 2)),
+        (BlockStored, "CPU", external(req, 0, 2)),
+    ]
+    assert len(events) == 1
+    out = events.translate([removed([key(0)])])
+    assert [type(e) for e in out] == [BlockRemoved]
+    assert len(events) == 0

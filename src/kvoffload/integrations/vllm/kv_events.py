@@ -163,14 +163,21 @@ class KVEventDescriber:
     # -- events ------------------------------------------------------------------
 
     def translate(self, events: Iterable[OffloadingEvent]) -> list[KVCacheEvent]:
-        """vLLM events for kvoffload's stored/removed events, in order."""
+        """vLLM events for kvoffload's stored/removed events, in order.
+
+        `events` is one batch (`take_events`): a chunk that leaves its last tier
+        keeps its description until the batch ends, so a store later in the same
+        batch (the file tier's write landing as host memory evicts it, a store
+        again after an eviction) is still announced.
+        """
         out, self._late = self._late, []
+        left: set[OffloadKey] = set()  # chunks that left a tier in this batch
         for event in events:
             # Secondary tiers are named in `ownership`; host memory is the engine's.
             owner = None if event.tier == CPUOffloadingManager.name else event.tier
             medium = event.medium.upper()
             if event.removed:
-                out.extend(self._removed(event.keys, event.tier, medium, owner))
+                out.extend(self._removed(event.keys, event.tier, medium, owner, left))
                 continue
             for key in event.keys:
                 resident = self._resident.get(key)
@@ -183,22 +190,31 @@ class KVEventDescriber:
                 resident.tiers[event.tier] = (medium, owner)
                 if resident.payload is not None:
                     out.append(self._stored(resident.payload, medium, owner))
+        for key in left:
+            resident = self._resident.get(key)
+            if resident is not None and not resident.tiers:
+                del self._resident[key]
         return out
 
     def _removed(
-        self, keys: Iterable[OffloadKey], tier: str, medium: str, owner: str | None
+        self,
+        keys: Iterable[OffloadKey],
+        tier: str,
+        medium: str,
+        owner: str | None,
+        left: set[OffloadKey],
     ) -> list[KVCacheEvent]:
+        """Removed events for `keys` leaving `tier`; adds them to `left`."""
         by_group: dict[int, list[Any]] = {}
         for key in keys:
             resident = self._resident.get(key)
             if resident is None or resident.tiers.pop(tier, None) is None:
                 continue
+            left.add(key)
             if resident.payload is not None:
                 by_group.setdefault(resident.payload.group, []).extend(
                     resident.payload.block_hashes
                 )
-            if not resident.tiers:
-                del self._resident[key]
         return [
             BlockRemoved(
                 block_hashes=hashes, medium=medium, group_idx=group, ownership=owner
