@@ -53,8 +53,18 @@ def kv_cache_config() -> Any:
     )
 
 
-def vllm_config(extra: Mapping[str, Any], prefix_caching: bool = True) -> Any:
-    """The parts of a `VllmConfig` the connector reads."""
+def vllm_config(
+    extra: Mapping[str, Any],
+    prefix_caching: bool = True,
+    mm_processor_cache_gb: float | None = None,
+) -> Any:
+    """The parts of a `VllmConfig` the connector reads; a multimodal model's
+    with `mm_processor_cache_gb`."""
+    multimodal = (
+        None
+        if mm_processor_cache_gb is None
+        else SimpleNamespace(mm_processor_cache_gb=mm_processor_cache_gb)
+    )
     return SimpleNamespace(
         kv_transfer_config=SimpleNamespace(
             kv_load_failure_policy="recompute",
@@ -63,7 +73,11 @@ def vllm_config(extra: Mapping[str, Any], prefix_caching: bool = True) -> Any:
         ),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
         model_config=SimpleNamespace(
-            model="tiny", dtype="float32", hf_config=None, quantization=None
+            model="tiny",
+            dtype="float32",
+            hf_config=None,
+            quantization=None,
+            multimodal_config=multimodal,
         ),
         cache_config=SimpleNamespace(
             cache_dtype="auto", enable_prefix_caching=prefix_caching
@@ -72,14 +86,52 @@ def vllm_config(extra: Mapping[str, Any], prefix_caching: bool = True) -> Any:
     )
 
 
-def request(req_id: str, tokens: list[int], resumable: bool = False) -> Any:
+def request(
+    req_id: str, tokens: list[int], resumable: bool = False, mm_features: Any = None
+) -> Any:
     """A vLLM request; `resumable`: a streaming-input session (vLLM extends the
     prompt list it is given, so it gets a copy)."""
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
     return Request(
-        req_id, list(tokens), SamplingParams(max_tokens=1), None, resumable=resumable
+        req_id,
+        list(tokens),
+        SamplingParams(max_tokens=1),
+        None,
+        resumable=resumable,
+        mm_features=mm_features,
+    )
+
+
+def counter_named_image(offset: int, length: int) -> Any:
+    """An image as the first request of a fresh vLLM process names it with prefix
+    caching and the multimodal processor cache off, whatever the image: vLLM's
+    own `BaseRenderer._process_mm_uuids` gives it `renderer0-mm-1-image-0`."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.renderers.base import BaseRenderer
+    from vllm.utils.counter import AtomicCounter
+
+    renderer = SimpleNamespace(
+        model_config=SimpleNamespace(
+            multimodal_config=SimpleNamespace(mm_processor_cache_gb=0)
+        ),
+        config=SimpleNamespace(
+            cache_config=SimpleNamespace(enable_prefix_caching=False)
+        ),
+        _validate_mm_uuids=lambda *args: None,
+        _mm_req_counter=AtomicCounter(),
+        api_process_rank=0,
+    )
+    mm_req_id = f"renderer0-mm-{renderer._mm_req_counter.inc(1)}"
+    items = SimpleNamespace(get_all_counts=lambda: {"image": 1})
+    uuids = BaseRenderer._process_mm_uuids(
+        renderer, {"image": object()}, items, {}, mm_req_id
+    )
+    name = uuids["image"][0]
+    assert name is not None
+    return MultiModalFeatureSpec(
+        None, "image", name, PlaceholderRange(offset=offset, length=length)
     )
 
 
@@ -115,9 +167,11 @@ class SchedulerStandIn:
         extra: Mapping[str, Any],
         prefix_caching: bool = True,
         kv_cache: Any = None,
+        mm_processor_cache_gb: float | None = None,
     ):
         """`kv_cache`, layer l0's KV tensor, registers a real worker's data plane
-        (which records the tensor's memory layout in the pool)."""
+        (which records the tensor's memory layout in the pool);
+        `mm_processor_cache_gb` makes the model multimodal."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import (
             KVConnectorRole,
         )
@@ -125,7 +179,8 @@ class SchedulerStandIn:
         from kvoffload.integrations.vllm.connector import KVOffloadConnector
 
         extra = {"cpu_bytes_to_use": 1, "blocks_per_chunk": PER_CHUNK, **extra}
-        config, kv_config = vllm_config(extra, prefix_caching), kv_cache_config()
+        config = vllm_config(extra, prefix_caching, mm_processor_cache_gb)
+        kv_config = kv_cache_config()
         settings = KVOffloadSettings.from_extra_config(extra)
         self.shape = EngineShape.from_vllm(config, kv_config, settings, False)
         geometry = self.shape.pool_geometry()
@@ -262,8 +317,11 @@ def stand_in(
     extra: Mapping[str, Any] | None = None,
     prefix_caching: bool = True,
     kv_cache: Any = None,
+    mm_processor_cache_gb: float | None = None,
 ) -> Iterator[SchedulerStandIn]:
-    engine = SchedulerStandIn(extra or {}, prefix_caching, kv_cache)
+    engine = SchedulerStandIn(
+        extra or {}, prefix_caching, kv_cache, mm_processor_cache_gb
+    )
     try:
         yield engine
     finally:

@@ -15,14 +15,16 @@ from kvoffload.integrations.vllm.lora_identity import LoraIdentities
 from kvoffload.integrations.vllm.requests import VllmRequestView
 from kvoffload.keys import BlockHasher, HashRoot
 
-from .scheduler_stand_in import BLOCK, request, take_next_input
+from .scheduler_stand_in import BLOCK, counter_named_image, request, take_next_input
 
 FIRST = list(range(10, 10 + 2 * BLOCK - 1))  # the sampled token fills block 1
 NEXT = list(range(50, 50 + 2 * BLOCK))
 
 
-def view_of(req: Any) -> VllmRequestView:
-    return VllmRequestView(req, BlockHasher(BLOCK), "m", LoraIdentities())
+def view_of(req: Any, mm_by_content: bool = True) -> VllmRequestView:
+    return VllmRequestView(
+        req, BlockHasher(BLOCK), "m", LoraIdentities(), mm_by_content=mm_by_content
+    )
 
 
 def hashes_of(tokens: list[int]) -> list[bytes]:
@@ -64,3 +66,34 @@ def test_a_sessions_next_image_enters_its_hashes() -> None:
     first_image_block = len(FIRST) // BLOCK
     assert s_hashes[:first_image_block] == t_hashes[:first_image_block]
     assert s_hashes[first_image_block] != t_hashes[first_image_block]
+
+
+def test_images_named_by_vllms_counter_give_a_request_no_hashes() -> None:
+    """Scenario: prefix caching and vLLM's multimodal processor cache are off, so
+    vLLM's renderer names images by a per-process counter: the first image of two
+    fresh engines (or of one engine before and after a restart), a cat and a dog
+    behind the same prompt text, are both `renderer0-mm-1-image-0`. Neither
+    request has block hashes, so no key of one can serve the other; a text-only
+    request on that engine keeps its hashes."""
+    images = [counter_named_image(offset=4, length=8) for _ in ("cat", "dog")]
+    assert images[0].identifier == images[1].identifier
+    for i, image in enumerate(images):
+        view = view_of(request(f"r{i}", FIRST + NEXT, mm_features=[image]), False)
+        assert list(view.block_hashes) == []
+        assert view.not_offloaded_because is not None
+    text = view_of(request("t", FIRST + NEXT), mm_by_content=False)
+    assert list(text.block_hashes) == hashes_of(FIRST + NEXT)
+    assert text.not_offloaded_because is None
+
+
+def test_a_session_is_not_offloaded_from_an_image_named_by_vllms_counter() -> None:
+    """Scenario: on an engine that names images by a counter, session S hashed
+    its text-only first input; its next input brings an image. From then on S
+    has no block hashes."""
+    s = request("s", FIRST, resumable=True)
+    view = view_of(s, mm_by_content=False)
+    s.append_output_token_ids(99)
+    assert list(view.block_hashes) == hashes_of([*FIRST, 99])
+    take_next_input(s, NEXT, [counter_named_image(offset=len(FIRST), length=2)])
+    assert list(view.block_hashes) == []
+    assert view.not_offloaded_because is not None

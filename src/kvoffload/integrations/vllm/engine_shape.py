@@ -2,9 +2,11 @@
 
 From `KVCacheConfig`: the KV-cache groups (engine block size, layers, bytes per
 block per layer), the hash granularity; from `VllmConfig`: the model identity,
-parallelism and whether the engine keeps a prefix cache. Both connector roles derive the same shape, so the scheduler computes
-the same number of host slots as every worker allocates, and the same fingerprint
-names the model and layout in keys, files and Redis.
+parallelism, whether the engine keeps a prefix cache and whether it names
+multimodal inputs by their content. Both connector roles derive the same shape,
+so the scheduler computes the same number of host slots as every worker
+allocates, and the same fingerprint names the model and layout in keys, files
+and Redis.
 
 How the KV bytes are arranged in memory (the attention backend's K/V-major or
 block-major tensors, NHD or HND) is known only to the workers, which see the
@@ -48,8 +50,10 @@ class EngineShape:
     """The engine's KV-cache groups, model identity and parallelism.
 
     `prefix_caching` is vLLM's `enable_prefix_caching`: whether blocks one request
-    loads serve other requests from the engine's own cache. `kv_layouts` is each
-    rank's `KVLayout.fingerprint`, in rank order, once read from the host pools.
+    loads serve other requests from the engine's own cache. `mm_by_content`:
+    whether vLLM names every multimodal input by a hash of its content or by the
+    uuid its client gave it (`names_mm_by_content`). `kv_layouts` is each rank's
+    `KVLayout.fingerprint`, in rank order, once read from the host pools.
     """
 
     groups: tuple[GroupShape, ...]
@@ -60,6 +64,7 @@ class EngineShape:
     tp_size: int
     engine_id: str
     prefix_caching: bool = True
+    mm_by_content: bool = True
     kv_layouts: tuple[str, ...] = ()
 
     @classmethod
@@ -115,6 +120,7 @@ class EngineShape:
             tp_size=int(parallel.tensor_parallel_size),
             engine_id=str(transfer.engine_id),
             prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+            mm_by_content=names_mm_by_content(vllm_config),
         )
 
     def with_kv_layouts(self, layouts: Iterable[str]) -> EngineShape:
@@ -183,6 +189,27 @@ class EngineShape:
 
     def pool_name(self, rank: int) -> str:
         return f"kvoffload-{self.engine_id}-r{rank}"
+
+
+def names_mm_by_content(vllm_config: Any) -> bool:
+    """Whether vLLM names every multimodal input by a hash of its content (or by
+    the uuid its client gave it in `multi_modal_uuids`).
+
+    With the multimodal processor cache off (`mm_processor_cache_gb=0`) and
+    prefix caching off, vLLM's renderer (`BaseRenderer._process_mm_uuids`) skips
+    content hashing and names an input with no client uuid
+    `renderer<rank>-mm-<n>-<modality>-<i>`, `n` counting the process's requests
+    from 1: the same name for different images after a restart or on another
+    engine. Client uuids are then indistinguishable from those names (with
+    processor kwargs both are hashed), so no input of such an engine is named by
+    its content.
+    """
+    mm = getattr(vllm_config.model_config, "multimodal_config", None)
+    return (
+        mm is None
+        or mm.mm_processor_cache_gb != 0
+        or bool(vllm_config.cache_config.enable_prefix_caching)
+    )
 
 
 # Parallel layouts whose ranks hold different layers or different tokens of one

@@ -3,10 +3,14 @@
 vLLM's default block hash is SHA-256 over a pickle and does not cover the model, so
 kvoffload computes its own canonical chain from the request's tokens: the root
 covers the model fingerprint, the LoRA adapter's identity (`lora_identity`) and
-`cache_salt`; multimodal inputs
-enter the blocks they overlap. Hashes are extended lazily as tokens are generated,
-and follow vLLM's one rewrite of a request's tokens: a streaming-input session
-taking its next input.
+`cache_salt`; multimodal inputs enter the blocks they overlap, by the name vLLM
+gives them. Hashes are extended lazily as tokens are generated, and follow
+vLLM's one rewrite of a request's tokens: a streaming-input session taking its
+next input.
+
+A request whose tokens do not say what it computes has no hashes, and so is not
+offloaded: prompt embeddings, and multimodal inputs on an engine that does not
+name them by their content (`EngineShape.mm_by_content`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,23 @@ from typing import Any
 from kvoffload.integrations.vllm.lora_identity import LoraIdentities
 from kvoffload.keys import BlockHasher, HashRoot
 
+# Why a request has no block hashes (`VllmRequestView.not_offloaded_because`).
+PROMPT_EMBEDS = "its prompt is embeddings, with no token ids to hash"
+MM_NOT_BY_CONTENT = (
+    "vLLM names its multimodal inputs by a per-process counter, not their "
+    "content (prefix caching and the multimodal processor cache are both off), "
+    "so another image could get its keys; set mm_processor_cache_gb above 0 or "
+    "enable prefix caching to offload them"
+)
+
 
 class VllmRequestView:
-    """Implements `kvoffload.connector.RequestInfo` over a live vLLM `Request`."""
+    """Implements `kvoffload.connector.RequestInfo` over a live vLLM `Request`.
+
+    `mm_by_content`: whether the engine names multimodal inputs by their content
+    (`EngineShape.mm_by_content`); if not, a request with one has no block hashes,
+    a streaming-input session from the input that brings one.
+    """
 
     def __init__(
         self,
@@ -27,6 +45,7 @@ class VllmRequestView:
         hasher: BlockHasher,
         model_fingerprint: str,
         loras: LoraIdentities,
+        mm_by_content: bool = True,
     ) -> None:
         self._request = request
         self._hasher = hasher
@@ -42,8 +61,12 @@ class VllmRequestView:
         )
         # Inputs whose tokens are placeholders for something hashed elsewhere.
         self._mm = _mm_spans(request)
-        # Prompt embeddings have no token ids to hash: such requests are not offloaded.
-        self._hashable = getattr(request, "prompt_embeds", None) is None
+        self._mm_by_content = mm_by_content
+        self._unhashable: str | None = (
+            PROMPT_EMBEDS
+            if getattr(request, "prompt_embeds", None) is not None
+            else self._mm_unhashable()
+        )
 
     @property
     def request(self) -> Any:
@@ -67,11 +90,18 @@ class VllmRequestView:
         return int(self._request.num_tokens)
 
     @property
-    def block_hashes(self) -> Sequence[bytes]:
-        if not self._hashable:
-            return ()
+    def not_offloaded_because(self) -> str | None:
+        """Why the request has no block hashes (it is not offloaded), or `None`."""
         if self._resumable:
             self._follow_rewrite()
+        return self._unhashable
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]:
+        if self._resumable:
+            self._follow_rewrite()
+        if self._unhashable is not None:
+            return ()
         size = self._hasher.tokens_per_block
         full = self.num_tokens // size
         done = len(self._hashes)
@@ -125,6 +155,11 @@ class VllmRequestView:
         del self._hashes[kept // size :]
         # Its next input may bring images of its own.
         self._mm = _mm_spans(request)
+        self._unhashable = self._unhashable or self._mm_unhashable()
+
+    def _mm_unhashable(self) -> str | None:
+        # A name that is not the content's would give another image these keys.
+        return MM_NOT_BY_CONTENT if self._mm and not self._mm_by_content else None
 
     def _extra_keys(self, block: int, size: int) -> tuple[str, ...]:
         start, end = block * size, (block + 1) * size

@@ -123,6 +123,7 @@ class SchedulerSide:
         self._fingerprint = shape.model_fingerprint()
         self._loras = LoraIdentities()
         self._views: dict[str, VllmRequestView] = {}
+        self._not_offloaded_told: set[str] = set()
         self._local_hit: dict[str, int] = {}
         self._stats = StatsDelta()
 
@@ -137,11 +138,28 @@ class SchedulerSide:
         view = self._views.get(request.request_id)
         if view is None:
             view = VllmRequestView(
-                request, self._hasher, self._fingerprint, self._loras
+                request,
+                self._hasher,
+                self._fingerprint,
+                self._loras,
+                mm_by_content=self.shape.mm_by_content,
             )
             self._views[request.request_id] = view
+            self._tell_not_offloaded(view)
             self.connector.on_new_request(view)
         return view
+
+    def _tell_not_offloaded(self, view: VllmRequestView) -> None:
+        """Log, once per engine and reason, that requests are not offloaded."""
+        reason = view.not_offloaded_because
+        if reason is None or reason in self._not_offloaded_told:
+            return
+        self._not_offloaded_told.add(reason)
+        logger.warning(
+            "kvoffload: request %s, and every request like it, is not offloaded: %s",
+            view.request_id,
+            reason,
+        )
 
     # -- requests ----------------------------------------------------------------
 
@@ -175,13 +193,15 @@ class SchedulerSide:
         allocates for it, before scheduling it, with no lookup."""
         view = self._views.get(request.request_id)
         kept = view.take_rewrite() if view is not None else None
-        if kept is not None:
-            logger.debug(
-                "request %s took its next input: tokens from %d on are new",
-                request.request_id,
-                kept,
-            )
-            self.connector.on_request_rewritten(request.request_id, kept)
+        if view is None or kept is None:
+            return
+        self._tell_not_offloaded(view)  # its input may bring an image
+        logger.debug(
+            "request %s took its next input: tokens from %d on are new",
+            request.request_id,
+            kept,
+        )
+        self.connector.on_request_rewritten(request.request_id, kept)
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         req_id = request.request_id
