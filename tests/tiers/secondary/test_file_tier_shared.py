@@ -181,3 +181,33 @@ def test_a_rescan_passes_over_a_file_naming_a_group_the_host_pool_lacks(
     for tier in (reader, writer):
         tier.shutdown()
     pool.close()
+
+
+def test_a_rescan_announces_only_the_chunks_it_keeps_and_counts_its_evictions(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: another engine stores four chunks in a directory shared with
+    an engine that has room for two; one rescan finds all four (oldest first),
+    so the two older are adopted and then evicted by the newer in the same
+    pass. Routers hear of the two kept only, with no removed event for chunks
+    they never heard of, and both evictions are counted."""
+    reader = tier_at(
+        tmp_path, buffer, capacity=2 * FILE_SIZE, rescan_interval_s=RESCAN_S
+    )
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer)
+    store(writer, writer_buffer, [1, 2, 3, 4])
+    base = time.time() - 100
+    for age, i in enumerate((1, 2, 3, 4)):  # chunk 1 is the oldest
+        os.utime(writer.chunk_path(key(i)), (base + age, base + age))
+    # The reader is not stepped before this, so its first rescan sees all four.
+    wait_for_hit(reader, [3, 4])
+
+    events = reader.take_events()
+    assert [(set(e.keys), e.removed) for e in events] == [({key(3), key(4)}, False)]
+    assert reader.lookup(key(1), CTX) is LookupResult.MISS
+    assert reader.lookup(key(2), CTX) is LookupResult.MISS
+    stats = reader.get_stats()
+    assert (stats.evictions, stats.occupancy) == (2, 2)
+    for tier in (reader, writer):
+        tier.shutdown()

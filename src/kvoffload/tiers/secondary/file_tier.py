@@ -167,7 +167,8 @@ class FileTier(SecondaryTier):
     def _adopt_shared(self, rescan: Rescanner) -> None:
         """Index the files other engines wrote since the last rescan; evict for
         them as for a store (an unreadable one is a miss on load, as ever); drop
-        the readable chunks whose files other engines deleted."""
+        the readable chunks whose files other engines deleted. Announces as
+        stored only the found chunks still indexed at the end of the pass."""
         found, deleted, vanished = rescan.poll()
         if deleted:
             self._index.deleted(deleted)
@@ -188,8 +189,12 @@ class FileTier(SecondaryTier):
                 adopted.append(key)
         if victims:
             self._stats.evictions += len(victims)
-            self._record_event(victims, True)
+            # A file adopted early in this pass may be a later one's victim:
+            # routers never heard of it, so no removed event, nor a stored one.
+            unannounced = set(adopted)
+            self._record_event([k for k in victims if k not in unannounced], True)
             rescan.delete(victims)
+            adopted = [key for key in adopted if self._index.is_readable(key)]
         if adopted:
             self._record_event(adopted, False)
             logger.debug(
