@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from kvoffload import LookupResult
-from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
+from kvoffload.tiers.secondary import (
+    ArrayChunkBuffer,
+    FileTier,
+    FileTierConfig,
+    TierJob,
+)
 from kvoffload.tiers.secondary.file_io import chunk_file_size
 from kvoffload.tiers.secondary.file_temporary import STALE_TEMPORARY_S
 from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
@@ -262,6 +267,33 @@ def test_store_that_cannot_make_room_evicts_nothing_with_mixed_sizes(
     assert [e for e in tier.take_events() if e.removed] == []
     assert jobs.load([kept], [5]).success
     assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(kept, GROUPS[1])
+
+
+def test_a_store_of_a_chunk_whose_evicted_file_is_being_deleted_is_refused(
+    tmp_path: Path, buffer: ArrayChunkBuffer
+) -> None:
+    """Scenario: a tier with room for one chunk holds chunk 1; in one step a
+    store of chunk 2 evicts it and another request stores chunk 1 again, while
+    chunk 1's file is still being deleted. That store reports chunk 1 failed
+    and counts it skipped (it is not in the tier), never a silent success."""
+    tier = tier_at(tmp_path, buffer, capacity=FILE_SIZE)
+    store(tier, buffer, [1])
+    for slot, i in ((1, 1), (2, 2)):
+        buffer.slot_view(slot)[: GROUPS[0]] = payload(key(i), GROUPS[0])
+    tier.submit_store(TierJob(10, (key(2),), (2,), CTX))
+    tier.submit_store(TierJob(11, (key(1),), (1,), CTX))
+    tier.drain()
+    results = {r.job_id: r for r in tier.get_finished_jobs()}
+
+    assert results[10].success
+    assert results[11].failed_keys == (key(1),)
+    assert tier.lookup(key(1), CTX) is LookupResult.MISS
+    stats = tier.get_stats()
+    assert (stats.chunks_stored, stats.store_skipped) == (2, 1)
+    # Once its old file is gone, chunk 1 can be stored again.
+    store(tier, buffer, [1])
+    assert tier.lookup(key(1), CTX) is LookupResult.HIT
+    tier.shutdown()
 
 
 def open_failing(

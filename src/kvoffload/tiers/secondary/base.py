@@ -58,7 +58,8 @@ class TierJobResult:
     """How a job ended, chunk by chunk.
 
     `failed_keys` did not move. For a load they must not be made readable; for a
-    store they are not in the tier (failed, dropped or skipped for lack of room).
+    store they are not in the tier (failed, dropped, or skipped for lack of room
+    or because the tier is still removing the key's evicted copy).
     """
 
     job_id: int
@@ -86,7 +87,9 @@ class SecondaryTier(ABC):
     - `submit_store(job)` reads each chunk's bytes from its slot; the caller
       keeps those slots pinned until the job's result is taken. Keys the tier
       already holds are skipped (not failed). Eviction to make room follows the
-      tier's policy; if nothing can be evicted, keys are skipped and counted.
+      tier's policy; if nothing can be evicted, keys are skipped and counted
+      (`store_skipped`), as are keys whose evicted copy the tier is still
+      removing; such keys are failed keys, never reported stored.
     - `submit_load(job)` writes each chunk into its slot; a key reported as
       loaded has passed every integrity check. Bytes in the slot of a failed
       key are garbage and must never be made readable.

@@ -42,6 +42,10 @@ class FileIndex:
     def is_readable(self, key: OffloadKey) -> bool:
         return key in self._sizes and key not in self._writing
 
+    def is_deleting(self, key: OffloadKey) -> bool:
+        """Evicted, its file perhaps not yet removed: a write now could be lost."""
+        return key in self._deleting
+
     def is_known(self, key: OffloadKey) -> bool:
         """Readable, being written, or being deleted: not to be written now."""
         return key in self._sizes or key in self._deleting

@@ -50,7 +50,8 @@ class _JobRecord:
     started: tuple[int, ...]
     """Indices of the job's keys handed to the I/O threads."""
     refused: tuple[OffloadKey, ...]
-    """Keys failed before any I/O: no room (store), not readable (load)."""
+    """Keys failed before any I/O: no room or an evicted file still being
+    deleted (store), not readable (load)."""
     victims: tuple[OffloadKey, ...] = ()
 
 
@@ -218,8 +219,13 @@ class FileTier(SecondaryTier):
         spare: dict[int, list[OffloadKey]] = {}
         recycle: dict[int, OffloadKey] = {}
         for i, key in enumerate(job.keys):
-            if self._index.is_known(key):
+            if self._index.is_deleting(key):
+                # The removal of its evicted file may land after a new write:
+                # not in the tier, so failed and counted, not skipped as held.
+                refused.append(key)
                 continue
+            if self._index.is_known(key):
+                continue  # readable or being written: held already
             size = self._file_size(key)
             reservation = self._index.reserve(key, size)
             for victim in reservation.victims:
