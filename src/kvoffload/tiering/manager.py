@@ -509,7 +509,8 @@ class TieringManager(OffloadingManager):
         job that read old chunks completes into the emptied tiers. That wait is
         bounded by each tier's `max_inflight_chunks` and call timeouts, and
         resets are rare (weight updates, with generation paused); deleting the
-        tiers' contents, the long part, runs on their own threads.
+        tiers' contents, the long part, and their rescans run on their own
+        threads and are not waited for (`SecondaryTier.drain`).
 
         The engine's own transfer jobs are not waited for: the primary tier holds
         their `busy_slots` until `release_slots`, so no promotion lands in a slot

@@ -69,3 +69,17 @@ def resolve(
         time.sleep(0.001)
         result = tier.lookup(k, CTX)
     return result
+
+
+def settle(tier: SecondaryTier, timeout_s: float = 10.0) -> None:
+    """Step a tier with no job in flight until nothing is pending: its checks
+    answered, a reset's deletion (which `drain` does not wait for) done."""
+    deadline = time.monotonic() + timeout_s
+    tier.drain()
+    while True:
+        tier.on_schedule_end()
+        assert not tier.get_finished_jobs(), "settle with jobs in flight"
+        if not tier.has_pending_work():
+            return
+        assert time.monotonic() < deadline, "tier work still pending"
+        time.sleep(0.001)

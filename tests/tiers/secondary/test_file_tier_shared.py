@@ -4,13 +4,16 @@ the chunk files the others write, on its I/O pool, and indexes them."""
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
+from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
 from kvoffload.worker import GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import CTX, GROUPS, Jobs, key, payload
 from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at
@@ -23,6 +26,17 @@ def wait_for_hit(tier: FileTier, ids: list[int], timeout_s: float = 10.0) -> Non
     deadline = time.monotonic() + timeout_s
     while not all(tier.lookup(key(i), CTX) is LookupResult.HIT for i in ids):
         assert time.monotonic() < deadline, f"chunks {ids} never found by rescan"
+        tier.get_finished_jobs()
+        time.sleep(0.005)
+
+
+def step_until(
+    tier: FileTier, done: Callable[[], bool], timeout_s: float = 10.0
+) -> None:
+    """Step the tier (as the scheduler does each step) until `done()`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the tier's rescans never got there"
         tier.get_finished_jobs()
         time.sleep(0.005)
 
@@ -71,9 +85,8 @@ def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
         time.sleep(0.005)
     assert reader.get_stats().evictions == 1
     assert in_progress.exists()
-    # Once its file is gone the evicted key can be stored again.
-    reader.drain()
-    reader.get_finished_jobs()
+    # Once its deletion is reported the evicted key can be stored again.
+    step_until(reader, lambda: not reader.has_pending_work())
     store(reader, buffer, [3])
     assert reader.lookup(key(3), CTX) is LookupResult.HIT
     for tier in (reader, writer):
@@ -209,5 +222,44 @@ def test_a_rescan_announces_only_the_chunks_it_keeps_and_counts_its_evictions(
     assert reader.lookup(key(2), CTX) is LookupResult.MISS
     stats = reader.get_stats()
     assert (stats.evictions, stats.occupancy) == (2, 2)
+    for tier in (reader, writer):
+        tier.shutdown()
+
+
+def test_a_reset_does_not_wait_for_a_rescan_and_serves_nothing_it_listed(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a rescan has listed the shared directory, with chunk 1 another
+    engine stored, and is still walking it (held here) when the engine resets.
+    The reset returns without waiting for the walk; once it ends, its findings
+    are void: chunk 1, stored before the reset, is never served after it."""
+    walking, release = threading.Event(), threading.Event()
+    released: list[bool] = []  # per rescan: released by the test, not timed out
+    real_scan = ChunkFiles.scan
+
+    def held_scan(
+        files: ChunkFiles, remove_abandoned: bool = False
+    ) -> Iterator[ScannedFile]:
+        listed = list(real_scan(files, remove_abandoned))
+        if not remove_abandoned:  # a rescan, not a start-up's rebuild
+            walking.set()
+            released.append(release.wait(10.0))
+        yield from listed
+
+    monkeypatch.setattr(ChunkFiles, "scan", held_scan)
+    reader = tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S)
+    writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
+    writer = tier_at(tmp_path, writer_buffer)
+    store(writer, writer_buffer, [1])
+    step_until(reader, walking.is_set)
+
+    reader.drain()  # as TieringManager.reset_cache does
+    reader.reset_cache()
+    release.set()
+    # Two rescans later, the held one's findings would have been indexed.
+    step_until(reader, lambda: len(released) >= 3)
+    assert released[0], "the reset waited for the rescan"
+    assert reader.lookup(key(1), CTX) is LookupResult.MISS
+    assert not [e for e in reader.take_events() if not e.removed]
     for tier in (reader, writer):
         tier.shutdown()

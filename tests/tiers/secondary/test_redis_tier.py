@@ -7,12 +7,14 @@ import logging
 import os
 import signal
 import socket
+import threading
+from typing import Any
 
 import pytest
 import redis
 
 from kvoffload import LookupResult
-from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig
+from kvoffload.tiers.secondary import ArrayChunkBuffer, RedisTierConfig, redis_tier
 from kvoffload.tiers.secondary.redis_tier import RedisTier
 from tests.tiers.secondary.secondary_support import (
     CTX,
@@ -21,6 +23,7 @@ from tests.tiers.secondary.secondary_support import (
     key,
     payload,
     resolve,
+    settle,
 )
 
 
@@ -192,13 +195,57 @@ def test_reset_deletes_its_namespace_only(
         stored(tier, buffer, 1)
     server.set("unrelated", b"x")
     mine.reset_cache()
-    mine.drain()
+    settle(mine)
     assert server.exists(mine.redis_key(key(1)), mine.redis_key(key(2))) == 0
     kept = [other_prefix.redis_key(key(1)), other_model.redis_key(key(1))]
     assert server.exists(*kept, "unrelated") == 3
     assert resolve(mine, key(1)) is LookupResult.MISS
     assert Jobs(peer).load([key(2)], [1]).failed_keys == (key(2),)
     for tier in (mine, peer, other_prefix, other_model):
+        tier.shutdown()
+
+
+def test_a_reset_while_a_reset_is_deleting_neither_waits_nor_keeps_later_chunks(
+    redis_url: str, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a reset's deletion has gone through the namespace but not yet
+    reported its end (held here) when another engine stores chunk 2 there and
+    this engine resets again. The second reset returns without waiting for the
+    first deletion; stores are refused until the namespace is cleared; then
+    neither chunk 1 (stored before the first reset) nor chunk 2 (before the
+    second) is served or left on the server, and stores work again."""
+    deleted, release = threading.Event(), threading.Event()
+    released: list[bool] = []  # per deletion: released by the test, not timed out
+    real_delete = redis_tier.delete_namespace
+
+    def held_delete(*args: Any) -> bool:
+        done = real_delete(*args)
+        deleted.set()
+        released.append(release.wait(10.0))
+        return done
+
+    monkeypatch.setattr(redis_tier, "delete_namespace", held_delete)
+    server = redis.Redis.from_url(redis_url)
+    mine = RedisTier(RedisTierConfig(redis_url), buffer, "m")
+    peer = RedisTier(RedisTierConfig(redis_url), buffer, "m")
+    stored(mine, buffer, 1)
+    mine.reset_cache()
+    assert deleted.wait(10.0)
+    stored(peer, buffer, 2)
+
+    mine.drain()  # as TieringManager.reset_cache does
+    mine.reset_cache()
+    buffer.slot_view(0)[: GROUPS[0]] = payload(key(3), GROUPS[0])
+    assert Jobs(mine).store([key(3)], [0]).failed_keys == (key(3),)
+    release.set()
+    settle(mine)
+    assert released[0], "the second reset waited for the first deletion"
+    names = [mine.redis_key(key(i)) for i in (1, 2, 3)]
+    assert server.exists(*names) == 0
+    assert [resolve(mine, key(i)) for i in (1, 2)] == [LookupResult.MISS] * 2
+    stored(mine, buffer, 3)
+    assert resolve(mine, key(3)) is LookupResult.HIT
+    for tier in (mine, peer):
         tier.shutdown()
 
 
@@ -218,7 +265,7 @@ def test_reset_while_the_server_is_unresponsive_is_retried(
     os.kill(pid, signal.SIGSTOP)
     try:
         tier.reset_cache()
-        tier.drain()  # the attempt timed out
+        settle(tier)  # the attempt timed out
         assert not tier.connected
         assert tier.lookup(key(1), CTX) is LookupResult.MISS
         buffer.slot_view(0)[: GROUPS[0]] = payload(key(2), GROUPS[0])
@@ -227,11 +274,10 @@ def test_reset_while_the_server_is_unresponsive_is_retried(
         os.kill(pid, signal.SIGCONT)
     assert admin.exists(tier.redis_key(key(1))) == 1
     tier.on_schedule_end()  # within the backoff: no retry yet
-    tier.drain()
+    assert not tier.has_pending_work()
     assert admin.exists(tier.redis_key(key(1))) == 1
     clock.now += 1.0
-    tier.on_schedule_end()
-    tier.drain()
+    settle(tier)
     assert admin.exists(tier.redis_key(key(1))) == 0
     assert resolve(tier, key(1)) is LookupResult.MISS
     stored(tier, buffer, 3)
@@ -255,9 +301,7 @@ def test_a_client_that_fails_outside_redis_errors_gives_misses_not_endless_retri
     tier.drain()
     assert not tier.has_pending_work()
     tier.reset_cache()
-    tier.drain()
-    tier.on_schedule_end()
-    assert not tier.has_pending_work()
+    settle(tier)  # gives up, as checks do: nothing stays pending
     tier.shutdown()
 
 

@@ -12,6 +12,7 @@ from tests.tiers.secondary.secondary_support import (
     key,
     payload,
     resolve,
+    settle,
 )
 
 
@@ -142,7 +143,7 @@ def test_reset_drops_every_chunk_with_removed_events(
     tier.take_events()
     tier.reset_cache()
     assert [resolve(tier, k) for k in ks] == [LookupResult.MISS] * 2
-    tier.drain()
+    settle(tier)
     removed = {k for e in tier.take_events() if e.removed for k in e.keys}
     assert removed == set(ks)
     assert [resolve(tier, k) for k in ks] == [LookupResult.MISS] * 2

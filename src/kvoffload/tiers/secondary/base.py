@@ -181,7 +181,10 @@ class SecondaryTier(ABC):
         """Block until every submitted job has finished (results stay queued).
 
         Never aborts a transfer midway: a half-copied chunk would corrupt a slot
-        or the tier. Used before the primary tier's slots are reused wholesale.
+        or the tier. Used before the primary tier's slots are reused wholesale,
+        on the scheduler thread, so it waits for jobs (and checks), each bounded
+        by the tier's call timeouts, never for upkeep that touches no slot (a
+        reset's deletion, a rescan), which `reset_cache` voids or redoes.
         """
 
     @abstractmethod

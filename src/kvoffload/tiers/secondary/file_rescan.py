@@ -1,10 +1,11 @@
 """Finding the chunk files other engines write into a file-tier directory they share.
 
-A rescan walks the directory on the tier's I/O pool, never on the scheduler
-thread, and keeps the set of keys it saw; what it hands over is only the files
-that appeared since the previous scan and the keys whose files disappeared
-(another engine evicted them), so the scheduler thread's share of the work grows
-with what other engines did, not with the directory's size.
+A rescan walks the directory on a thread of its own, never on the scheduler
+thread nor among the tier's jobs, and keeps the set of keys it saw; what it
+hands over is only the files that appeared since the previous scan and the keys
+whose files disappeared (another engine evicted them), so the scheduler thread's
+share of the work grows with what other engines did, not with the directory's
+size.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ class ScanNews(NamedTuple):
 
 
 class Rescanner:
-    """Rescans a chunk directory every `interval_s` (one scan at a time) and
-    deletes, on the same pool, the files of chunks evicted to make room for what
-    it found."""
+    """Rescans a chunk directory every `interval_s` (one scan at a time) on
+    `executor` and deletes there the files of chunks evicted to make room for
+    what it found."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class Rescanner:
         self._scanning = False
         self._due = time.monotonic() + interval_s
         self._generation = 0  # bumped by `reset`: older scans are void
+        self._unreported = 0  # keys `delete` took that `poll` has not reported
 
     def poll(self) -> ScanNews:
         """On the scheduler thread: what changed since the last poll; starts a
@@ -69,6 +71,7 @@ class Rescanner:
                 self._due = now + self._interval_s
         if start:
             self._executor.submit_call("rescan", self._scan)
+        self._unreported -= len(deleted)
         return ScanNews(found, deleted, vanished)
 
     def reset(self) -> None:
@@ -80,11 +83,17 @@ class Rescanner:
             self._found.clear()
             self._vanished.clear()
 
+    def deleting(self) -> bool:
+        """Whether some files `delete` took are not yet reported by `poll`."""
+        return self._unreported > 0
+
     def delete(self, keys: Sequence[OffloadKey]) -> None:
-        """Remove the files of `keys` on the pool; `poll` reports them when gone."""
+        """Remove the files of `keys` on the executor; `poll` reports them when
+        gone."""
+        self._unreported += len(keys)
         self._executor.submit_call("delete", partial(self._delete, tuple(keys)))
 
-    # -- on the I/O pool -----------------------------------------------------------
+    # -- on the executor ---------------------------------------------------------
 
     def _scan(self) -> None:
         with self._lock:

@@ -97,12 +97,15 @@ class FileTier(SecondaryTier):
             create_policy(config.eviction_policy, self._capacity_chunks),
         )
         self._executor = JobExecutor(config.name, config.num_threads)
+        # Rescans get a thread of their own: a walk of a large shared directory
+        # never holds up a job, nor `drain` (a reset voids it instead).
+        self._rescans = JobExecutor(f"{config.name}-rescan", 1)
         self._jobs: dict[int, _JobRecord] = {}
         self._stats = TierStats(capacity=self._capacity_chunks)
         kept = self._rebuild_index()
         self._record_event(kept, False)  # readable from the start
         self._rescan = (
-            Rescanner(self._files, self._executor, config.rescan_interval_s, kept)
+            Rescanner(self._files, self._rescans, config.rescan_interval_s, kept)
             if config.rescan_interval_s
             else None
         )
@@ -340,9 +343,14 @@ class FileTier(SecondaryTier):
         self._index.touch(keys)
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs)
+        # Files evicted for a rescan's finds, not yet reported deleted: their
+        # keys cannot be stored again until a step hears of it.
+        deleting = self._rescan is not None and self._rescan.deleting()
+        return bool(self._jobs) or deleting
 
     def drain(self) -> None:
+        """Waits for jobs only: a rescan in progress is voided by `reset_cache`,
+        and files it deletes stay known (never written) until reported."""
         self._executor.drain()
 
     def reset_cache(self) -> None:
@@ -351,12 +359,15 @@ class FileTier(SecondaryTier):
         restarted engine or a rescan finds none of them."""
         assert not self._jobs, "reset_cache with jobs in flight"
         self._record_event(self._index.clear(), True)
-        if self._rescan is not None:
-            self._rescan.reset()
         self._files.remove_all()
+        if self._rescan is not None:
+            # After the old directory is renamed aside: a rescan that begins
+            # before that belongs to the generation this voids.
+            self._rescan.reset()
 
     def shutdown(self) -> None:
         self._executor.shutdown()
+        self._rescans.shutdown()
 
     def get_stats(self) -> TierStats:
         return replace(self._stats, occupancy=self._index.num_readable)

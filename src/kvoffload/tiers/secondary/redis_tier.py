@@ -119,6 +119,9 @@ class RedisTier(SecondaryTier):
         self._link = RedisLink(config, clock)
         self._executor = JobExecutor(config.name, config.num_threads)
         self._lookups = JobExecutor(f"{config.name}-lookup", 1)
+        # A reset's deletion runs apart: `drain` waits for jobs and checks, each
+        # bounded by a call timeout, never for a whole namespace's deletion.
+        self._clears = JobExecutor(f"{config.name}-reset", 1)
         self._jobs: dict[int, _JobRecord] = {}
         # Per key: present or not, and until when that answer is trusted.
         self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
@@ -128,10 +131,11 @@ class RedisTier(SecondaryTier):
         # Per key checked: the seconds its value has left (0: absent).
         self._answers: list[tuple[list[OffloadKey], list[float] | None]] = []
         self._stats = TierStats()
-        # A reset empties the namespace on the lookup thread; until that has
+        # A reset empties the namespace on its own thread; until that has
         # succeeded, nothing is served or stored (see `reset_cache`).
         self._clearing = False
         self._clear_running = False
+        self._clear_again = False  # a reset came while a deletion ran
         self._cleared: list[tuple[list[OffloadKey], bool | None]] = []
         self._stop = threading.Event()
 
@@ -195,7 +199,11 @@ class RedisTier(SecondaryTier):
             self._record_event(removed, True)
             if done is not None:
                 self._clear_running = False
-                self._clearing = not done
+                if self._clear_again:
+                    self._clear_again = False
+                    self._start_clear()
+                else:
+                    self._clearing = not done
         now = self._clock()
         for keys, lifetimes in answers:
             self._asking.difference_update(keys)
@@ -444,25 +452,28 @@ class RedisTier(SecondaryTier):
         this engine's), never other namespaces (no FLUSHDB on a shared server).
 
         The scheduler thread only forgets what it knew; the deleting
-        (`delete_namespace`, a round trip per thousand keys) runs on the lookup
-        thread, where later existence checks queue behind it. Until it has
-        succeeded, lookups miss and stores drop (counted); a failed attempt is
-        retried once the server is reachable again.
+        (`delete_namespace`, a round trip per thousand keys) runs on a thread
+        of its own, which neither `drain` nor a later reset waits for. Until it
+        has succeeded, lookups miss and stores drop (counted); a failed attempt
+        is retried once the server is reachable again. A reset while a deletion
+        runs has it run again once done: other engines may have stored keys its
+        scan had passed.
         """
         assert not self._jobs and not self._asking, "reset_cache with I/O in flight"
         self._known.clear()
         self._to_ask.clear()
         self._clearing = True
+        self._clear_again = self._clear_running
         self._start_clear()
 
     def _start_clear(self) -> None:
         if self._clear_running or not self._link.available():
             return
         self._clear_running = True
-        self._lookups.submit_call("reset", self._clear_namespace)
+        self._clears.submit_call("reset", self._clear_namespace)
 
     def _clear_namespace(self) -> None:
-        """On the lookup thread: delete, then report the outcome."""
+        """On the reset thread: delete, then report the outcome."""
         done = False
         try:
             done = delete_namespace(
@@ -497,6 +508,7 @@ class RedisTier(SecondaryTier):
         return bool(self._jobs or self._asking or self._to_ask or self._clear_running)
 
     def drain(self) -> None:
+        """Waits for jobs and existence checks; a reset's deletion goes on."""
         self._executor.drain()
         self._lookups.drain()
         self._absorb_answers()
@@ -505,6 +517,7 @@ class RedisTier(SecondaryTier):
         self._stop.set()  # a reset still deleting stops between batches
         self._executor.shutdown()
         self._lookups.shutdown()
+        self._clears.shutdown()
         self._link.close()
 
     def get_stats(self) -> TierStats:
