@@ -68,3 +68,36 @@ def test_tracker_forgets_the_least_recently_seen_key() -> None:
     assert offer(m, "e", [3]) == (k(3),)
     stats = m.get_stats()["cpu"]
     assert stats.admission_rejected >= 4
+
+
+def test_a_request_seeing_a_key_again_makes_it_the_most_recently_seen() -> None:
+    """Scenario: request A looks up X, B looks up Y, then A offers X for storing;
+    C's key fills the two-key table. Y, seen least recently, is forgotten, not
+    X: when D sees X, two distinct requests have seen it and it is stored."""
+    m = CPUOffloadingManager(8, store_threshold=2, max_tracker_size=2)
+    a, b = ReqContext("a"), ReqContext("b")
+    m.on_new_request(a)
+    m.on_new_request(b)
+    m.lookup_prefix([k(1)], a)
+    m.lookup_prefix([k(2)], b)
+    out = m.prepare_store([k(1)], a)  # A sees X again: counts once, refreshes it
+    assert out is not None and out.keys_to_store == ()
+    assert offer(m, "c", [3]) == ()
+    assert offer(m, "d", [1]) == (k(1),)
+    assert offer(m, "e", [2]) == ()  # Y was forgotten: e is its first sighting
+
+
+def test_a_key_forgotten_during_a_request_counts_again_for_it() -> None:
+    """Scenario: request A sees X, the one-key table forgets X for B's key, and A
+    sees X again. The table has no count for X, so A's sighting counts (1), once:
+    A's later sightings add nothing, and C is X's second distinct request."""
+    m = CPUOffloadingManager(8, store_threshold=2, max_tracker_size=1)
+    a = ReqContext("a")
+    m.on_new_request(a)
+    m.lookup_prefix([k(1)], a)
+    assert offer(m, "b", [2]) == ()  # forgets k(1)
+    m.lookup_prefix([k(1)], a)
+    out = m.prepare_store([k(1)], a)
+    assert out is not None and out.keys_to_store == ()
+    m.on_request_finished(a)
+    assert offer(m, "c", [1]) == (k(1),)

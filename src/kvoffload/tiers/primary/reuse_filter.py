@@ -3,7 +3,7 @@
 With `threshold >= 2` a key is admitted once at least `threshold` distinct
 requests have looked it up. A request that sees a key several times counts once.
 The counter table keeps at most `max_size` keys and forgets the least recently
-seen first. `threshold` 0 or 1 disables the filter.
+seen first; every sighting, a request's repeated ones too, counts as seen. `threshold` 0 or 1 disables the filter.
 """
 
 from __future__ import annotations
@@ -39,7 +39,12 @@ class ReuseFilter:
         return self._counts.get(key, 0)
 
     def observe(self, keys: Iterable[OffloadKey], req_id: str) -> None:
-        """Record that request `req_id` saw `keys` (each counted once per request)."""
+        """Record that request `req_id` saw `keys`.
+
+        Every sighting makes the key the most recently seen; its count rises
+        only at the request's first sighting of it. A key the table forgot
+        after the request saw it counts again (1) at that request's next
+        sighting, since the table holds nothing else of it."""
         if not self.enabled:
             return
         seen = self._seen_by_request.get(req_id)
@@ -47,16 +52,16 @@ class ReuseFilter:
             seen = self._seen_by_request[req_id] = set()
         counts = self._counts
         for key in keys:
-            if key in seen:
-                continue
-            seen.add(key)
             if key in counts:
                 counts.move_to_end(key)
-                counts[key] += 1
+                if key not in seen:
+                    seen.add(key)
+                    counts[key] += 1
             else:
                 if len(counts) >= self.max_size:
                     counts.popitem(last=False)
                 counts[key] = 1
+                seen.add(key)
 
     def admitted(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
         """The keys seen by at least `threshold` distinct requests."""
