@@ -49,6 +49,30 @@ class ARCPolicy(EvictionPolicy):
             self._t1[key] = None
         self._trim_ghosts()
 
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        """Insert a store batch as textbook ARC does when it sees the batch tail
+        first: every ghost hit enters T2 before any new key enters T1, and the
+        ghost lists are trimmed once, after the batch.
+
+        Trimming after each insert let a new head, inserted before its own
+        batch's ghost hit, push that ghost out of B1: the key, whose ghost hit
+        `evict` had already counted, then entered T1 as new, and the trim for
+        it lost one more ghost."""
+        b1, b2, t1, t2 = self._b1, self._b2, self._t1, self._t2
+        fresh: list[OffloadKey] = []
+        for key in keys:
+            if key in b1:
+                del b1[key]
+                t2[key] = None
+            elif key in b2:
+                del b2[key]
+                t2[key] = None
+            else:
+                fresh.append(key)
+        for key in fresh:
+            t1[key] = None
+        self._trim_ghosts()
+
     def remove(self, key: OffloadKey) -> None:
         if self._t1.pop(key, 0) == 0:
             self._t2.pop(key, None)
