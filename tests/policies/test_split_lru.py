@@ -197,6 +197,26 @@ def test_ghost_history_forgets_the_oldest_generation() -> None:
     assert ghosts.pop(k(5)) is None  # popped once
 
 
+def test_ghost_history_holds_its_size_plus_one_eviction_batch() -> None:
+    """Scenario: batches of 7 evictions into a history of 30 keys. A generation
+    ages after the batch that fills it, so the table holds up to 30 - 2 + 7
+    keys, and the newest 15 to 30 are always remembered."""
+    from collections import OrderedDict
+
+    ghosts = GhostHistory(30, window=5)
+    added: list[OffloadKey] = []
+    for batch in range(20):
+        keys = [k(7 * batch + i) for i in range(7)]
+        segment: OrderedDict[OffloadKey, int] = OrderedDict(
+            (key, stamp(batch + 1, ONCE)) for key in keys
+        )
+        ghosts.add_evicted(keys, segment, ONCE)
+        added += keys
+        assert len(ghosts) <= 30 - 2 + 7
+    assert len(ghosts) >= 15
+    assert all(ghosts.pop(key) is not None for key in added[-15:])
+
+
 def test_ghost_distance_counts_evictions_since() -> None:
     from collections import OrderedDict
 
