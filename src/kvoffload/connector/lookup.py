@@ -12,8 +12,9 @@ readable.
 
 No convoy: when the first chunk a request would load is being loaded into the
 engine by another request, the request waits for that load (it lands in the
-engine's own prefix cache) instead of loading the same chunks again. On a single host link its
-own load would queue behind that one, so waiting is never slower than loading.
+engine's own prefix cache) instead of loading the same chunks again. On a single
+host link its own load would queue behind that one, so waiting is never slower
+than loading.
 """
 
 from __future__ import annotations
