@@ -3,12 +3,14 @@
 Requests are taken in arrival order; a request's hit is the leading run of its
 chunks found in the cache. Then its resident chunks are refreshed (they are used
 now) and its other chunks inserted, tail first (as the online policies see a
-request: head last): on a miss with the cache full, the chunk needed furthest away is evicted, or the insert is skipped if the new
-chunk is needed further still. "Further" orders by the next request holding the
-chunk, then by its position in that request: a hit is a leading run, so of two
-chunks next needed by the same request the deeper one is worth less (without this,
-a cache full of a prompt's tail bypasses its head and none of it ever hits). It is
-the upper bound no online policy of the same capacity can beat at chunk level.
+request: head last): on a miss with the cache full, the chunk needed furthest
+away is evicted, or the insert is skipped if the new chunk is needed further
+still. "Further" orders by the next request holding the chunk, then by its
+position in that request: a hit is a leading run, so of two chunks next needed
+by the same request the deeper one is worth less (without this, a cache full of
+a prompt's tail bypasses its head and none of it ever hits). For keys that chain
+their prefix, as block hashes do, it is the upper bound no online policy of the
+same capacity beats at chunk level.
 """
 
 from __future__ import annotations

@@ -102,9 +102,10 @@ class HostPool(OneViewPerChunk):
 
         The file's space is reserved up front, so a full `/dev/shm` is an
         `OSError` here rather than a crash at the first write. With `exist_ok`,
-        a file of that name still there (a live process's) is replaced. `layout` (at most 32 ASCII
-        characters) names how the engine's KV bytes are arranged, for the
-        process that attaches: it names the chunks, the worker sees the tensors.
+        a file of that name still there (a live process's) is replaced.
+        `layout` (at most 32 ASCII characters) names how the engine's KV bytes
+        are arranged, for the process that attaches: it names the chunks, the
+        worker sees the tensors.
         """
         if type(num_slots) is not int or num_slots < 1:
             raise ValueError(f"num_slots: {num_slots!r} is not an integer >= 1")

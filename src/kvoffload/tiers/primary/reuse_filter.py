@@ -3,7 +3,8 @@
 With `threshold >= 2` a key is admitted once at least `threshold` distinct
 requests have looked it up. A request that sees a key several times counts once.
 The counter table keeps at most `max_size` keys and forgets the least recently
-seen first; every sighting, a request's repeated ones too, counts as seen. `threshold` 0 or 1 disables the filter.
+seen first; every sighting, a request's repeated ones too, counts as seen.
+`threshold` 0 or 1 disables the filter.
 """
 
 from __future__ import annotations
