@@ -39,15 +39,7 @@ class ARCPolicy(EvictionPolicy):
         return key in self._t1 or key in self._t2
 
     def insert(self, key: OffloadKey) -> None:
-        if key in self._b1:
-            del self._b1[key]
-            self._t2[key] = None
-        elif key in self._b2:
-            del self._b2[key]
-            self._t2[key] = None
-        else:
-            self._t1[key] = None
-        self._trim_ghosts()
+        self.insert_many((key,))
 
     def insert_many(self, keys: Sequence[OffloadKey]) -> None:
         """Insert a store batch as textbook ARC does when it sees the batch tail
@@ -61,14 +53,12 @@ class ARCPolicy(EvictionPolicy):
         b1, b2, t1, t2 = self._b1, self._b2, self._t1, self._t2
         fresh: list[OffloadKey] = []
         for key in keys:
-            if key in b1:
-                del b1[key]
-                t2[key] = None
-            elif key in b2:
-                del b2[key]
-                t2[key] = None
-            else:
+            ghosts = b1 if key in b1 else b2 if key in b2 else None
+            if ghosts is None:
                 fresh.append(key)
+            else:
+                del ghosts[key]
+                t2[key] = None
         for key in fresh:
             t1[key] = None
         self._trim_ghosts()
