@@ -125,9 +125,8 @@ class SplitLRUPolicy(EvictionPolicy):
     Sizes, in multiples of the capacity `c`: ghost history `3c` keys plus up to
     one eviction batch (see `GhostHistory`; a key costs about a hundred bytes, a
     chunk megabytes), and a few resident keys (see `_probably_unknown`); near
-    misses count up to `c/2`
-    evictions back. The split starts at `c/2` and moves by at most `c/32` every 4
-    requests that had near misses (`SplitController`).
+    misses count up to `c/2` evictions back. The split starts at `c/2` and moves
+    by at most `c/32` every 4 requests that had near misses (`SplitController`).
     """
 
     def __init__(self, capacity: int) -> None:
