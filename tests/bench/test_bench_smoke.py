@@ -157,3 +157,30 @@ def test_reuse_guard_benchmark_times_every_case_with_and_without_the_guard(
         assert r["build_us"] > 0 and r["build_us_no_guard"] > 0
         assert r["step_us"] >= r["build_us"]
         assert r["build_ratio"] == pytest.approx(r["build_us"] / r["build_us_no_guard"])
+
+
+def test_gpu_benchmark_without_cuda_says_so_and_writes_its_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the GPU benchmark would run for real")
+    out = tmp_path / "gpu.json"
+    assert bench_main(["gpu", "--json", str(out), "--sizes", "256,1024"]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["bench"] == "gpu" and record["cuda"] is False
+    assert record["args"]["sizes"] == [256, 1024]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--sizes", "256,x"], ["--sizes", "0"], ["--rounds", "-1"], ["--skip", "all"]],
+)
+def test_gpu_benchmark_refuses_bad_arguments(
+    bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench_main(["gpu", *bad])
+    assert exit_.value.code == 2
+    assert "error" in capsys.readouterr().err

@@ -22,7 +22,15 @@ from kvoffload.worker.layout import (
     layer_tensors,
 )
 from kvoffload.worker.plan import plan_job
-from kvoffload.worker.staging import batches, load_staged, store_staged, upload
+from kvoffload.worker.staging import (
+    TorchChunkMover,
+    batches,
+    copy_spans,
+    load_partial,
+    stage,
+    store_partial,
+    upload,
+)
 
 from .kv_layouts import (
     GROUPS,
@@ -52,6 +60,8 @@ def _staged(
     job: TransferJob,
     piece_nbytes: int,
 ) -> None:
+    """`job` through the staging steps, in the order the CUDA worker issues
+    them (gather then host copies for a store, the reverse for a load)."""
     host = torch.from_numpy(pool.array)
     for plan in plan_job(job, layout, pool.num_slots):
         group = plan.layout
@@ -61,10 +71,19 @@ def _staged(
             )
             for r in group.regions
         ]
+        mover = TorchChunkMover(group, views)
         for piece in batches(plan, piece_nbytes):
-            index = upload([b for run in piece.runs for b in run.engine_blocks], CPU)
-            move = store_staged if job.direction is STORE else load_staged
-            move(piece, views, index, host, pool.slot_nbytes, _copy)
+            staged = stage(piece, pool.slot_nbytes)
+            staging = torch.empty(staged.staging_nbytes, dtype=torch.uint8)
+            index = upload(staged.blocks, CPU)
+            if job.direction is STORE:
+                mover.gather(index, staging)
+                store_partial(staged, views, host, pool.slot_nbytes, _copy)
+                copy_spans(staged, staging, host, _copy, store=True)
+            else:
+                copy_spans(staged, staging, host, _copy, store=False)
+                mover.scatter(index, staging)
+                load_partial(staged, views, host, pool.slot_nbytes, _copy)
 
 
 # Whole chunks in adjacent slots (merged), apart, and partial chunks at both ends.
@@ -106,8 +125,8 @@ def test_staged_copies_match_the_cpu_worker(
         assert torch.equal(block_bytes(layout, caches, group, target), want)
 
 
-def test_regions_of_different_sizes_are_copied_region_by_region() -> None:
-    """K and V apart with different head sizes: no whole-chunk reordering."""
+def test_regions_of_different_sizes_are_staged_in_host_order() -> None:
+    """K and V apart with different head sizes: whole chunks still staged."""
     torch.manual_seed(3)
     caches = {
         f"l{i}": (

@@ -5,6 +5,7 @@ benchmark prints its numbers next to a baseline measured in the same run.
 """
 
 BENCHMARKS = (
+    "gpu",
     "manager",
     "policies",
     "transfer",
