@@ -19,7 +19,15 @@ from kvoffload.worker.host_pool import HostPool
 from kvoffload.worker.layout import GroupSpec, KVCaches, describe_kv_caches
 from kvoffload.worker.staging import StagedPiece
 
-from .kv_layouts import GROUPS, LAYOUTS, Layout, block_bytes, make_caches, scramble
+from .kv_layouts import (
+    GROUPS,
+    LAYOUTS,
+    GroupShape,
+    Layout,
+    block_bytes,
+    make_caches,
+    scramble,
+)
 from .support import LOAD, STORE, chunk_blocks, pick, run_job
 
 needs_cuda = pytest.mark.skipif(
@@ -112,32 +120,34 @@ def test_many_pieces_and_jobs_in_flight_round_trip(mover: str) -> None:
     two alternating buffers; eight stores and then eight loads are all in
     flight at once, with partial chunks at the ends; every byte comes back."""
     layout = LAYOUTS[2]
-    caches = make_caches(layout, torch.bfloat16, CUDA, GROUPS[:1])
-    group = GROUPS[0]
+    group = GroupShape(0, GROUPS[0].layers, tokens=4, num_blocks=96)
+    caches = make_caches(layout, torch.bfloat16, CUDA, (group,))
     bpc = 2
     spec = GroupSpec(0, group.layers, group.num_blocks, bpc)
     chunk = describe_kv_caches(caches, [spec]).groups[0].block_nbytes * bpc
     gen = torch.Generator().manual_seed(5)
-    jobs = []
+    order = torch.randperm(group.num_blocks, generator=gen).tolist()
+    jobs = []  # disjoint engine blocks: jobs in flight together never share one
     for j in range(8):
         hosts = list(range(j * 3 * bpc + 1, (j + 1) * 3 * bpc))  # starts mid-chunk
-        jobs.append((pick(len(hosts), group.num_blocks, gen), hosts))
+        jobs.append((order[5 * j : 5 * j + 5], order[40 + 5 * j : 45 + 5 * j], hosts))
     with cuda_plane(caches, [spec], 24, mover, staging_nbytes=chunk) as (_, worker):
-        stored = [[block_bytes(layout, caches, group, b) for b in e] for e, _ in jobs]
-        for job_id, (engine, hosts) in enumerate(jobs):
+        stored = [
+            [block_bytes(layout, caches, group, b) for b in e] for e, _, _ in jobs
+        ]
+        for job_id, (engine, _, hosts) in enumerate(jobs):
             worker.submit(_job(job_id, STORE, engine, hosts))
         worker.wait(range(len(jobs)))
         assert all(r.success for r in worker.get_finished())
         scramble(caches)
-        targets = [pick(len(h), group.num_blocks, gen) for _, h in jobs]
-        for job_id, ((_, hosts), engine) in enumerate(zip(jobs, targets, strict=True)):
-            worker.submit(_job(100 + job_id, LOAD, engine, hosts))
+        for job_id, (_, targets, hosts) in enumerate(jobs):
+            worker.submit(_job(100 + job_id, LOAD, targets, hosts))
         worker.wait(range(100, 100 + len(jobs)))
         assert all(r.success for r in worker.get_finished())
         torch.cuda.synchronize()
-        for engine, want in zip(targets, stored, strict=True):
-            for block, data in zip(engine, want, strict=True):
-                assert torch.equal(block_bytes(layout, caches, group, block), data)
+    for (_, targets, _), want in zip(jobs, stored, strict=True):
+        for block, data in zip(targets, want, strict=True):
+            assert torch.equal(block_bytes(layout, caches, group, block), data)
 
 
 class _FailingAfterFirstPiece(CudaTransferWorker):

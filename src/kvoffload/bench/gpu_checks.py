@@ -103,22 +103,12 @@ def round_trips() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name, make in LAYOUTS.items():
         for dtype_name, dtype in DTYPES.items():
-            torch.manual_seed(len(rows))
-            caches = _caches(make, dtype)
-            spec = GroupSpec(0, tuple(caches), BLOCKS, BPC)
-            gen = torch.Generator().manual_seed(len(rows))
+            seed = len(rows)
+            gen = torch.Generator().manual_seed(seed)
             order = torch.randperm(BLOCKS, generator=gen).tolist()
             sources, targets = order[:7], order[7:14]
-            hosts = [
-                2,
-                3,
-                8,
-                9,
-                4,
-                5,
-                13,
-            ]  # two whole chunks apart, one adjacent, a partial
-            want = _blocks(caches, spec, sources)
+            # Two whole chunks apart, one adjacent to the first, a partial one.
+            hosts = [2, 3, 8, 9, 4, 5, 13]
             pools: dict[str, bytes] = {}
             for mover in ("torch", "triton"):
                 row: dict[str, Any] = {
@@ -126,6 +116,10 @@ def round_trips() -> list[dict[str, Any]]:
                     "dtype": dtype_name,
                     "mover": mover,
                 }
+                torch.manual_seed(seed)  # the same cache for both movers
+                caches = _caches(make, dtype)
+                spec = GroupSpec(0, tuple(caches), BLOCKS, BPC)
+                want = _blocks(caches, spec, sources)
                 try:
                     row["exact"], pools[mover] = _round_trip(
                         caches, spec, mover, sources, targets, hosts, want
