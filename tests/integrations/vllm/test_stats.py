@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -13,7 +17,35 @@ pytest.importorskip(
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvoffload.integrations.vllm.stats import KVOffloadPromMetrics
+from kvoffload.integrations.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
+
+DASHBOARD = Path(__file__).parents[3] / "dashboards" / "kvoffload-grafana.json"
+
+
+def _metrics(extra: dict[str, Any] | None) -> tuple[KVOffloadPromMetrics, Any]:
+    registry = CollectorRegistry()
+    types = {
+        cls: partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)
+    }
+    config = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra)
+    )
+    metrics = KVOffloadPromMetrics(
+        config,
+        types,  # type: ignore[arg-type]
+        ["model_name", "engine"],
+        {0: ["m", "0"], 1: ["m", "1"]},
+    )
+    return metrics, registry
+
+
+FILE_AND_REDIS = {
+    "cpu_bytes_to_use": "1GiB",
+    "secondary_tiers": [
+        {"type": "file", "path": "/tmp/kv", "capacity": "1GiB", "name": "nvme"},
+        {"type": "redis", "url": "redis://localhost:6379/0"},
+    ],
+}
 
 
 def test_tier_hit_tokens_and_transfer_seconds_become_prometheus_counters() -> None:
@@ -39,3 +71,78 @@ def test_tier_hit_tokens_and_transfer_seconds_become_prometheus_counters() -> No
     assert total("hit_tokens", "cpu") == 64
     assert total("hit_tokens", "file") == 32
     assert total("transfer_seconds", "file") == 1.0
+
+
+def test_every_counter_exists_at_zero_for_every_tier_from_start_up() -> None:
+    """Scenario: `/metrics` right after start-up, before any request: every
+    counter of every configured tier (and the connector's) is a series at 0."""
+    _, registry = _metrics(FILE_AND_REDIS)
+    samples = {
+        (s.name, s.labels["tier"], s.labels["engine"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name.startswith("vllm:kvoffload_") and s.name.endswith("_total")
+    }
+    tiers = {"cpu", "nvme", "redis"}
+    for engine in ("0", "1"):
+        for tier in tiers:
+            for metric in ("hit_tokens", "bytes_loaded", "failures", "evictions"):
+                assert samples[(f"vllm:kvoffload_{metric}_total", tier, engine)] == 0
+        assert samples[("vllm:kvoffload_deferrals_total", "connector", engine)] == 0
+    assert {tier for _, tier, _ in samples} == tiers | {"connector"}
+
+
+def test_an_unreadable_config_still_gives_the_host_tier_series() -> None:
+    _, registry = _metrics({"cpu_bytes_to_use": "1GiB", "secondary_tiers": "x"})
+    value = registry.get_sample_value(
+        "vllm:kvoffload_hit_tokens_total",
+        {"model_name": "m", "engine": "0", "tier": "cpu"},
+    )
+    assert value == 0
+
+
+def test_the_dashboard_charts_only_metrics_the_connector_exports() -> None:
+    _, registry = _metrics(FILE_AND_REDIS)
+    exported = {s.name for family in registry.collect() for s in family.samples} | {
+        family.name for family in registry.collect()
+    }
+    labels = {"model_name", "engine", "tier"}
+    text = DASHBOARD.read_text()
+    dashboard = json.loads(text)
+    exprs = [
+        target["expr"] for panel in dashboard["panels"] for target in panel["targets"]
+    ]
+    exprs += [
+        variable["definition"]
+        for variable in dashboard["templating"]["list"]
+        if "definition" in variable
+    ]
+    names = {name for e in exprs for name in re.findall(r"vllm:kvoffload_\w+", e)}
+    assert len(names) >= 10
+    assert names <= exported, names - exported
+    used = {
+        label
+        for e in exprs
+        for label in re.findall(r"\b(\w+)\s*(?:=~|!=|=)\s*\"", e)
+        + re.findall(r"by \((\w+)\)", e)
+        + re.findall(r", (\w+)\)$", e)
+    }
+    assert used and used <= labels, used - labels
+
+
+def test_the_log_line_shows_counts_as_integers_and_bytes_in_units() -> None:
+    stats = KVOffloadStats(
+        {
+            "cpu.hits": 12.0,
+            "cpu.bytes_loaded": 3 * 2**30 / 2,
+            "file.bytes_stored": 512.0,
+            "connector.load_seconds": 0.25,
+            "cpu.occupancy": 7.0,
+        }
+    )
+    shown = stats.reduce()
+    assert shown["cpu.hits"] == 12 and isinstance(shown["cpu.hits"], int)
+    assert shown["cpu.bytes_loaded"] == "1.5 GiB"
+    assert shown["file.bytes_stored"] == "512 B"
+    assert shown["connector.load_seconds"] == "0.250 s"
+    assert shown["cpu.occupancy"] == 7

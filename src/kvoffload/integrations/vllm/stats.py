@@ -21,6 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from kvoffload.connector import ConnectorStats
 from kvoffload.tiers.base import TierStats
+from kvoffload.tiers.secondary.factory import parse_tier_config
 
 GAUGES = ("occupancy", "capacity")
 TIER_COUNTERS = (
@@ -73,14 +74,31 @@ class KVOffloadStats(KVConnectorStats):
                 merged[key] = merged[key] + value
         return KVOffloadStats(merged)
 
-    def reduce(self) -> dict[str, int | float]:
-        return {
-            k: (round(v, 4) if isinstance(v, float) else v)
-            for k, v in sorted(self.data.items())
-        }
+    def reduce(self) -> dict[str, int | float | str]:  # type: ignore[override]
+        """The values vLLM's `KV Transfer metrics:` line prints: counts as
+        integers, bytes and seconds in human units (vLLM only formats them)."""
+        return {k: _shown(k, v) for k, v in sorted(self.data.items())}
 
     def is_empty(self) -> bool:
         return not any(v for k, v in self.data.items() if not _is_gauge(k))
+
+
+def _shown(key: str, value: float) -> int | float | str:
+    metric = key.rsplit(".", 1)[-1]
+    if metric.startswith("bytes_"):
+        return _human_bytes(value)
+    if metric.endswith("_seconds"):
+        return f"{value:.3f} s"
+    if float(value).is_integer():
+        return int(value)
+    return round(value, 4)
+
+
+def _human_bytes(value: float) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(value) >= 1 << shift:
+            return f"{value / (1 << shift):.1f} {unit}"
+    return f"{int(value)} B"
 
 
 class StatsDelta:
@@ -139,6 +157,18 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 labelnames=names,
                 multiprocess_mode="mostrecent",
             )
+        # Every series exists from start-up, at 0, so that a dashboard shows
+        # zero rather than "no data" for a tier that has not moved anything yet.
+        tiers = configured_tiers(vllm_config)
+        for labels in per_engine_labelvalues.values():
+            for metric in TIER_COUNTERS:
+                for tier in tiers:
+                    self._counters[metric].labels(*labels, tier)
+            for metric in CONNECTOR_COUNTERS:
+                self._counters[metric].labels(*labels, "connector")
+            for metric in GAUGES:
+                for tier in tiers:
+                    self._gauges[metric].labels(*labels, tier)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = self.per_engine_labelvalues.get(engine_idx, [])
@@ -148,3 +178,18 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 self._gauges[metric].labels(*labels, tier).set(value)
             elif metric in self._counters and value > 0:
                 self._counters[metric].labels(*labels, tier).inc(value)
+
+
+def configured_tiers(vllm_config: Any) -> list[str]:
+    """The tiers' names as their metrics label them: `cpu`, then each secondary
+    tier's; only `cpu` when the configuration cannot be read (the connector
+    itself reports that error at start-up)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    names = ["cpu"]
+    try:
+        for mapping in extra.get("secondary_tiers", ()) or ():
+            names.append(parse_tier_config(mapping).name)
+    except (ValueError, TypeError, AttributeError):
+        return ["cpu"]
+    return names
