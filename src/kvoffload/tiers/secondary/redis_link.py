@@ -3,9 +3,12 @@
 Every call has the configured socket timeout and no client-side retry. The first
 failure after a success marks the server down for a backoff period that doubles
 up to a cap; while down, the tier answers misses and drops stores without calling
-the server. When the period ends, the next call is the probe: success resets the
-backoff, failure doubles it. An error reply (a full server's OOM, an ACL's
-NOPERM) fails only its own command: the server that sent it is up.
+the server, and so do the calls already queued on its I/O threads (`attempt`):
+once one call has timed out, the others fail at once instead of each waiting out
+its own timeout. When the period ends, one call is the probe while the others
+still fail at once: its success resets the backoff, its failure doubles it. An
+error reply (a full server's OOM, an ACL's NOPERM) fails only its own command:
+the server that sent it is up.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import inspect
 import logging
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -117,6 +121,7 @@ class RedisLink:
             self._client = self._connect()
         self._down_until = 0.0
         self._down = False
+        self._probing = False  # a call is probing a server that was down
         self._backoff = config.backoff_initial_s
         self._warned: dict[str, float] = {}
         self.failures = 0
@@ -152,6 +157,27 @@ class RedisLink:
     def available(self) -> bool:
         """Whether to call the server now (up, or due for a probe)."""
         return self._clock() >= self._down_until
+
+    @contextmanager
+    def attempt(self) -> Iterator[bool]:
+        """On an I/O thread, around a call: yields whether to make it. Yes
+        while the server is up; while it is down, no (fail at once, as if the
+        call had failed) until the backoff is over, then yes for one call at a
+        time, the probe, whose outcome (`succeeded` or `failed`) decides."""
+        probe = False
+        with self._lock:
+            if not self._down:
+                allowed = True
+            elif self._probing or self._clock() < self._down_until:
+                allowed = False
+            else:
+                allowed = probe = self._probing = True
+        try:
+            yield allowed
+        finally:
+            if probe:
+                with self._lock:
+                    self._probing = False
 
     def is_down(self) -> bool:
         """Whether the last call failed and no call has succeeded since."""

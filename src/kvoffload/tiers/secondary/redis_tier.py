@@ -25,6 +25,12 @@ deleted) reports the chunk removed, as the file tier does for a bad file, so
 that KV-event consumers stop counting on it; a load that cannot reach the
 server reports nothing removed.
 
+Once a call has found the server down (a timeout, a lost connection), the jobs
+and checks queued behind it fail at once, without a call, until the backoff is
+over and a probe succeeds (see `RedisLink.attempt`): a paused server costs one
+timeout, not one per queued job. Stores failed so are counted as drops, loads
+as failures, checks as misses.
+
 A server that answers a command with an error reply is up: only that command's
 chunk fails. A store refused for want of memory (OOM: `maxmemory` reached with
 `noeviction`, or a volatile policy and no TTL) is skipped and counted as a full
@@ -137,6 +143,8 @@ class RedisTier(SecondaryTier):
         self._clear_running = False
         self._clear_again = False  # a reset came while a deletion ran
         self._cleared: list[tuple[list[OffloadKey], bool | None]] = []
+        # Per store job: indices its I/O threads dropped, the server being down.
+        self._dropped: dict[int, set[int]] = {}
         self._stop = threading.Event()
 
     def redis_key(self, key: OffloadKey) -> str:
@@ -299,9 +307,12 @@ class RedisTier(SecondaryTier):
         unset = result.failed | result.held  # failed, or found already there
         done = [keys[i] for i in record.started if i not in unset]
         failed = [keys[i] for i in record.started if i in result.failed]
+        with self._answers_lock:
+            dropped = self._dropped.pop(record.job.job_id, set())
         stats = self._stats
         stats.store_skipped += len(result.full)  # a full server: not failures
-        stats.failures += len(failed) - len(result.full)
+        stats.drops += len(dropped)  # never sent: the server was down
+        stats.failures += len(failed) - len(result.full) - len(dropped)
         stats.transfer_seconds += result.seconds
         if record.is_store:
             stats.chunks_stored += len(done)
@@ -328,31 +339,41 @@ class RedisTier(SecondaryTier):
 
     def _check(self, keys: list[OffloadKey]) -> None:
         lifetimes: list[float] | None = None
-        try:
-            pipe = self._link.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.pttl(self.redis_key(key))
-            lifetimes = [_lifetime(reply) for reply in self._link.execute(pipe)]
-        except REDIS_ERRORS as exc:
-            self._link.call_failed(exc)
-        except Exception as exc:  # thread root: the answer must still arrive
-            self._client_broke("PTTL batch", exc)
+        with self._link.attempt() as allowed:
+            try:
+                if allowed:
+                    lifetimes = self._lifetimes(keys)
+            except REDIS_ERRORS as exc:
+                self._link.call_failed(exc)
+            except Exception as exc:  # thread root: the answer must still arrive
+                self._client_broke("PTTL batch", exc)
         with self._answers_lock:
             self._answers.append((keys, lifetimes))
+
+    def _lifetimes(self, keys: list[OffloadKey]) -> list[float]:
+        pipe = self._link.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(self.redis_key(key))
+        return [_lifetime(reply) for reply in self._link.execute(pipe)]
 
     def _store_batch(
         self, held: frozenset[int], job: TierJob, indices: tuple[int, ...]
     ) -> BatchOutcome:
         """Set the values of the chunks at `indices`, but for those believed
         present (`held`) that the server still holds."""
-        try:
-            kept = self._still_held(job, [i for i in indices if i in held])
-            todo = [i for i in indices if i not in kept]
-            outcome = self._set_values(job, todo) if todo else BatchOutcome((), 0)
-        except REDIS_ERRORS as exc:
-            self._link.call_failed(exc)
-            return BatchOutcome(indices, 0)
-        return outcome._replace(held=kept)
+        with self._link.attempt() as allowed:
+            if not allowed:
+                with self._answers_lock:
+                    self._dropped.setdefault(job.job_id, set()).update(indices)
+                return BatchOutcome(indices, 0)
+            try:
+                kept = self._still_held(job, [i for i in indices if i in held])
+                todo = [i for i in indices if i not in kept]
+                outcome = self._set_values(job, todo) if todo else BatchOutcome((), 0)
+            except REDIS_ERRORS as exc:
+                self._link.call_failed(exc)
+                return BatchOutcome(indices, 0)
+            return outcome._replace(held=kept)
 
     def _still_held(self, job: TierJob, checked: list[int]) -> list[int]:
         """Of `checked`, those whose value the server holds; their expiry is
@@ -402,18 +423,15 @@ class RedisTier(SecondaryTier):
 
     def _load_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
         names = [self.redis_key(job.keys[i]) for i in indices]
-        try:
-            client = self._link.client
-            # A cluster's MGET must stay within one slot; the non-atomic form
-            # asks each node for its keys.
-            if isinstance(client, RedisCluster):
-                values = cast(list[bytes | None], client.mget_nonatomic(names))
-            else:
-                values = cast(list[bytes | None], client.mget(names))
-        except REDIS_ERRORS as exc:
-            self._link.call_failed(exc)
-            return BatchOutcome(indices, 0)
-        self._link.succeeded()
+        with self._link.attempt() as allowed:
+            if not allowed:
+                return BatchOutcome(indices, 0)
+            try:
+                values = self._get_values(names)
+            except REDIS_ERRORS as exc:
+                self._link.call_failed(exc)
+                return BatchOutcome(indices, 0)
+            self._link.succeeded()
         failed: list[int] = []
         corrupt: list[str] = []
         num_bytes = 0
@@ -443,6 +461,14 @@ class RedisTier(SecondaryTier):
             except REDIS_ERRORS as exc:
                 logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
         return BatchOutcome(failed, num_bytes, failed)
+
+    def _get_values(self, names: list[str]) -> list[bytes | None]:
+        client = self._link.client
+        # A cluster's MGET must stay within one slot; the non-atomic form asks
+        # each node for its keys.
+        if isinstance(client, RedisCluster):
+            return cast(list[bytes | None], client.mget_nonatomic(names))
+        return cast(list[bytes | None], client.mget(names))
 
     # -- reset -------------------------------------------------------------------
 
@@ -475,18 +501,23 @@ class RedisTier(SecondaryTier):
     def _clear_namespace(self) -> None:
         """On the reset thread: delete, then report the outcome."""
         done = False
-        try:
-            done = delete_namespace(
-                self._link.client, self._prefix, self._stop, self._report_removed
-            )
-            self._link.succeeded()
-        except REDIS_ERRORS as exc:
-            # Even an error reply (a server that forbids UNLINK, say) backs
-            # off: until the namespace is cleared nothing is served or stored
-            # anyway, and the backoff paces the attempts.
-            self._link.failed(exc)
-        except Exception as exc:  # thread root: the outcome must still arrive
-            self._client_broke("reset", exc)
+        with self._link.attempt() as allowed:
+            try:
+                if allowed:
+                    done = delete_namespace(
+                        self._link.client,
+                        self._prefix,
+                        self._stop,
+                        self._report_removed,
+                    )
+                    self._link.succeeded()
+            except REDIS_ERRORS as exc:
+                # Even an error reply (a server that forbids UNLINK, say) backs
+                # off: until the namespace is cleared nothing is served or
+                # stored anyway, and the backoff paces the attempts.
+                self._link.failed(exc)
+            except Exception as exc:  # thread root: the outcome must still arrive
+                self._client_broke("reset", exc)
         with self._answers_lock:
             self._cleared.append(([], done))
 
