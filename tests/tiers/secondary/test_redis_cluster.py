@@ -147,7 +147,8 @@ def test_an_unreachable_cluster_at_start_up_gives_misses(
     ("url", "message"),
     [
         ("redis://cache:notaport", r"url: 'redis://cache:notaport': the port"),
-        ("redis://cache:6379?db=x", r"Invalid value for 'db'"),  # from redis-py
+        ("redis://cache:6379?db=x", r"url: 'redis://cache:6379\?db=x': the database"),
+        ("redis://cache:6379/1", r"url: 'redis://cache:6379/1': a Redis Cluster has"),
     ],
 )
 def test_a_malformed_cluster_url_still_stops_start_up(

@@ -70,15 +70,12 @@ def test_sentinel_url_errors_do_not_show_the_password(url: str, message: str) ->
     assert "s3" not in str(caught.value)
 
 
-def test_sentinel_kwargs_that_are_not_a_mapping_are_named_by_type_only(
-    buffer: ArrayChunkBuffer,
-) -> None:
-    config = RedisTierConfig(
-        "redis+sentinel://s1/cache",
-        options={"sentinel_kwargs": [("password", "s3cret")]},
-    )
+def test_sentinel_kwargs_that_are_not_a_mapping_are_named_by_type_only() -> None:
     with pytest.raises(ValueError, match="sentinel_kwargs is a list") as caught:
-        RedisTier(config, buffer, "m")
+        RedisTierConfig(
+            "redis+sentinel://s1/cache",
+            options={"sentinel_kwargs": [("password", "s3cret")]},
+        )
     assert "s3" not in str(caught.value)
 
 

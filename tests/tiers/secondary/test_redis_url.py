@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.tiers.secondary.redis_url import redact_url, shown_value
+from kvoffload.tiers.secondary.redis_url import redact_text, redact_url, shown_value
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,15 @@ def test_the_password_is_masked_and_the_rest_kept(url: str, shown: str) -> None:
 def test_a_value_that_is_not_a_string_is_shown_by_its_type() -> None:
     assert shown_value({"url": "redis://:s3cret@cache"}) == "a value of type dict"
     assert shown_value("redis://:s3cret@cache") == "'redis://:***@cache'"
+
+
+def test_text_is_redacted_of_every_url_and_every_secret_given() -> None:
+    text = (
+        "Error connecting to 'redis://app:s3cret@cache:6379/0' (rediss://:s3%2F@c);"
+        " AUTH s3cret-env failed; redis://cache:6379/0 kept"
+    )
+    shown = redact_text(text, ["s3cret-env"])
+    assert shown == (
+        "Error connecting to 'redis://app:***@cache:6379/0' (rediss://:***@c);"
+        " AUTH *** failed; redis://cache:6379/0 kept"
+    )

@@ -9,7 +9,6 @@ that lists the valid ones.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
@@ -20,13 +19,14 @@ from kvoffload.config import finite_seconds, parse_size
 from kvoffload.config.request_params import LOCALITIES, MEDIA
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
+from kvoffload.tiers.secondary import redis_settings as rs
 from kvoffload.tiers.secondary.base import Locality
 from kvoffload.tiers.secondary.redis_sentinel import (
     SENTINEL_SCHEMES,
     is_sentinel_url,
     parse_sentinel_url,
 )
-from kvoffload.tiers.secondary.redis_url import shown_value
+from kvoffload.tiers.secondary.redis_url import MASK, redact_url, shown_value
 
 C = TypeVar("C")
 
@@ -35,7 +35,8 @@ _MAPPING_KEY = {"capacity_bytes": "capacity"}
 
 
 def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C:
-    all_fields = fields(cls)  # type: ignore[arg-type]
+    # Not the fields made from others (a password read from the environment).
+    all_fields = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]
     by_key = {_MAPPING_KEY.get(f.name, f.name): f.name for f in all_fields}
     kwargs: dict[str, Any] = {}
     for key, value in mapping.items():
@@ -156,15 +157,6 @@ def _check_redis_url(url: object) -> None:
         ) from None
 
 
-def _check_redis_option_names(options: Mapping[str, Any]) -> None:
-    """A misspelt option fails here, at start-up, not on every call later."""
-    try:
-        from kvoffload.tiers.secondary.redis_link import check_option_names
-    except ImportError:  # no redis-py: the tier cannot be made anyway
-        return
-    check_option_names(options)
-
-
 def _check_eviction_policy(value: object) -> None:
     get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
 
@@ -212,32 +204,22 @@ class FileTierConfig:
         return _from_mapping(cls, "file", mapping)
 
 
-# Settings the Redis tier makes itself; passing them in `options` would conflict.
-_REDIS_OWNED_OPTIONS = frozenset(
-    {
-        "socket_timeout",
-        "socket_connect_timeout",
-        "retry",
-        "retry_on_timeout",
-        "retry_on_error",
-        "decode_responses",
-        "single_connection_client",
-        "cluster_error_retry_attempts",
-    }
-)
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
+_MAX_KEY_PREFIX = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RedisTierConfig:
     """A Redis or Valkey server, a master found through Redis Sentinel (a
     `redis+sentinel://` URL, see `redis_sentinel`), or with `cluster` a Redis
     Cluster (the URL names any one of its nodes). `options` go to
     `redis.Redis.from_url` (or `RedisCluster.from_url`) as they are
-    (`password`, `username`, `ssl_ca_certs`, `ssl_certfile`, ...); the URL may
-    carry the password too, and `rediss://` turns TLS on."""
+    (`username`, `ssl_ca_certs`, `ssl_certfile`, ...); `rediss://` turns TLS
+    on. The URL may be read from an environment variable (`url_env`), and so
+    may the password (`password_env`), to keep secrets out of the config an
+    engine logs; see `redis_settings` for what each setting allows."""
 
-    url: str
+    url: str = ""
     name: str = "redis"
     timeout_s: float = 0.5
     ttl_s: float | None = None
@@ -253,37 +235,62 @@ class RedisTierConfig:
     backoff_max_s: float = 30.0
     cluster: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    url_env: str | None = None
+    """Name of an environment variable holding the whole URL (instead of `url`)."""
+    password_env: str | None = None
+    """Name of an environment variable holding the password."""
+    password: str | None = field(default=None, init=False, compare=False)
+    """The password read from `password_env`."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "url", rs.resolve_url(self.url, self.url_env))
         _check_redis_url(self.url)
         _check_name(self.name)
+        self._check_numbers()
+        if not isinstance(self.key_prefix, str) or not self.key_prefix:
+            raise ValueError(
+                f"key_prefix: {rs.safe_repr(self.key_prefix)} must be a non-empty "
+                "string"
+            )
+        if len(self.key_prefix) > _MAX_KEY_PREFIX:
+            raise ValueError(
+                f"key_prefix: {rs.safe_repr(self.key_prefix)} must be at most "
+                f"{_MAX_KEY_PREFIX} characters (it starts every key)"
+            )
+        _check_locality(self.locality)
+        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
+        batch = self.batch_bytes
+        object.__setattr__(self, "batch_bytes", parse_size(batch, "batch_bytes"))
+        if self.batch_bytes < 1:
+            raise ValueError(f"batch_bytes: {batch!r} must be > 0 bytes")
+        self._check_topology()
+        self._check_options()
+        if self.password_env is not None:
+            password = rs.read_env("password_env", self.password_env)
+            object.__setattr__(self, "password", password)
+
+    def _check_numbers(self) -> None:
         # A socket timeout past what the platform's clock holds raises
-        # OverflowError on every call; refuse it here instead.
-        _check_seconds(self.timeout_s, "timeout_s", maximum=threading.TIMEOUT_MAX)
+        # OverflowError on every call; far less is already a hang.
+        rs.check_seconds("timeout_s", self.timeout_s, maximum=rs.MAX_TIMEOUT_S)
         for name in ("hit_cache_s", "miss_cache_s"):
-            _check_seconds(getattr(self, name), name)
+            rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_CACHE_S)
         for name in ("backoff_initial_s", "backoff_max_s"):
-            _check_seconds(getattr(self, name), name)
+            rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_BACKOFF_S)
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError(
                 f"backoff_max_s: {self.backoff_max_s!r} must be >= "
                 f"backoff_initial_s ({self.backoff_initial_s!r})"
             )
-        _check_seconds(self.ttl_s, "ttl_s", allow_none=True)
-        if not isinstance(self.key_prefix, str) or not self.key_prefix:
-            raise ValueError(
-                f"key_prefix: {self.key_prefix!r} must be a non-empty string"
-            )
-        _check_locality(self.locality)
-        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
-        _check_int(self.num_threads, "num_threads", 1)
-        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
-        batch = self.batch_bytes
-        object.__setattr__(self, "batch_bytes", parse_size(batch, "batch_bytes"))
-        if self.batch_bytes < 1:
-            raise ValueError(f"batch_bytes: {batch!r} must be > 0 bytes")
+        rs.check_seconds("ttl_s", self.ttl_s, maximum=rs.MAX_TTL_S, allow_none=True)
+        rs.check_count("num_threads", self.num_threads, 1, rs.MAX_THREADS)
+        rs.check_count("max_inflight_chunks", self.max_inflight_chunks, 1, 1 << 24)
+
+    def _check_topology(self) -> None:
         if not isinstance(self.cluster, bool):
-            raise ValueError(f"cluster: {self.cluster!r} must be true or false")
+            raise ValueError(
+                f"cluster: {rs.safe_repr(self.cluster)} must be true or false"
+            )
         if is_sentinel_url(self.url):
             parse_sentinel_url(self.url)  # raises ValueError saying what is wrong
             if self.cluster:
@@ -295,6 +302,8 @@ class RedisTierConfig:
             raise ValueError(
                 "cluster: a Redis Cluster is reached over TCP, not unix://"
             )
+
+    def _check_options(self) -> None:
         if not isinstance(self.options, Mapping):
             raise ValueError(  # the type only: the value may hold a password
                 f"options: a value of type {type(self.options).__name__} is not "
@@ -304,14 +313,22 @@ class RedisTierConfig:
         not_names = [k for k in self.options if not isinstance(k, str)]
         if not_names:
             raise ValueError(f"options: keys {not_names!r} are not option names")
-        clash = sorted(_REDIS_OWNED_OPTIONS.intersection(self.options))
-        if clash:
-            raise ValueError(
-                f"options: {clash} are set by the tier (use timeout_s); "
-                f"not allowed: {sorted(_REDIS_OWNED_OPTIONS)}"
-            )
-        _check_redis_option_names(self.options)
+        rs.check_url(self.url, self.cluster)
+        rs.check_options(self.options, self.url, self.cluster, self.password_env)
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every password this config holds, to mask in logs and errors."""
+        return rs.secrets_of(self.url, self.options, self.password)
+
+    def __repr__(self) -> str:
+        # Never a password: the URL masked, option values by their names only.
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["url"] = redact_url(self.url)
+        shown["options"] = sorted(self.options)
+        shown["password"] = None if self.password is None else MASK
+        inner = ", ".join(f"{name}={value!r}" for name, value in shown.items())
+        return f"RedisTierConfig({inner})"
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> RedisTierConfig:

@@ -27,7 +27,12 @@ import redis
 import redis.connection
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
-from redis.cluster import ClusterPipeline, RedisCluster
+from redis.cluster import (
+    KWARGS_DISABLED_KEYS,
+    REDIS_ALLOWED_KEYS,
+    ClusterPipeline,
+    RedisCluster,
+)
 from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -35,7 +40,7 @@ from redis.sentinel import Sentinel
 from kvoffload.tiers.secondary.base import Clock
 from kvoffload.tiers.secondary.config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_sentinel import is_sentinel_url, parse_sentinel_url
-from kvoffload.tiers.secondary.redis_url import redact_url
+from kvoffload.tiers.secondary.redis_url import redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -53,47 +58,45 @@ def is_error_reply(exc: BaseException) -> bool:
     )
 
 
-# Taken by the tier itself, not by redis-py (see `_master_through_sentinels`).
-_OWN_OPTIONS = frozenset({"sentinel_kwargs"})
-
-
 @functools.cache
-def client_option_names() -> frozenset[str]:
-    """The keyword arguments redis-py's clients, pool and connections take, in
-    the installed version: the names `options` may use. redis-py hands unknown
-    ones to each new connection, which raises TypeError on every call."""
+def client_option_names(cluster: bool) -> frozenset[str]:
+    """The keyword arguments the tier's client takes in the installed redis-py
+    version: a `RedisCluster` (with `cluster`), which passes on to its nodes
+    only the connection settings it knows and drops any other silently, or a
+    `redis.Redis`, its pool and connections, which hand unknown ones to each
+    new connection (a TypeError on every call)."""
     conn = redis.connection
-    takers: list[Any] = [redis.Redis, RedisCluster, conn.ConnectionPool]
-    takers += [
-        getattr(conn, name)
-        for name in (
-            "AbstractConnection",
-            "Connection",
-            "SSLConnection",
-            "UnixDomainSocketConnection",
-        )
-        if hasattr(conn, name)
-    ]
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = {
-        p.name
-        for taker in takers
-        for p in inspect.signature(taker.__init__).parameters.values()
-        if p.kind in named
-    }
-    return frozenset(names - {"self"}) | _OWN_OPTIONS
+
+    def taken(*takers: Any) -> set[str]:
+        return {
+            p.name
+            for taker in takers
+            for p in inspect.signature(taker.__init__).parameters.values()
+            if p.kind in named
+        } - {"self"}
+
+    if cluster:
+        passed = set(REDIS_ALLOWED_KEYS) - set(KWARGS_DISABLED_KEYS)
+        return frozenset(taken(RedisCluster) | passed)
+    classes = ("AbstractConnection", "Connection", "SSLConnection")
+    connections = [getattr(conn, name) for name in classes if hasattr(conn, name)]
+    plain = taken(redis.Redis, conn.ConnectionPool, *connections)
+    return frozenset(plain | taken(conn.UnixDomainSocketConnection))
 
 
-def check_option_names(names: Iterable[str]) -> None:
-    """`ValueError` naming the first of `names` redis-py does not take."""
-    known = client_option_names()
+def check_client_option_names(names: Iterable[str], cluster: bool, where: str) -> None:
+    """`ValueError` naming the first of `names` the tier's client does not
+    take (`sentinel_kwargs` is the tier's own; see `redis_settings`)."""
+    known = client_option_names(cluster) | {"sentinel_kwargs"}
     for name in sorted(names):
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            client = "RedisCluster (cluster: true)" if cluster else "redis.Redis"
             raise ValueError(
-                f"options: {name!r} is not an option of redis-py's client "
-                f"(redis.Redis, RedisCluster or their connections){hint}"
+                f"{where}: {name!r} is not an option of redis-py's client "
+                f"{client} or its connections{hint}"
             )
 
 
@@ -115,10 +118,17 @@ class RedisLink:
         self._lock = threading.Lock()
         self._connect_lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
-        if config.cluster:
-            parse_url(config.url)  # type: ignore[no-untyped-call]  # ValueError if bad
-        else:
-            self._client = self._connect()
+        self._secrets = config.secrets()
+        try:
+            if config.cluster:
+                parse_url(config.url)  # type: ignore[no-untyped-call]
+            else:
+                self._client = self._connect()
+        except (ValueError, TypeError) as exc:
+            # Not chained: redis-py's message may quote the URL or an option.
+            raise ValueError(
+                f"url: {redact_url(config.url)!r} or options: {self.redact(exc)}"
+            ) from None
         self._down_until = 0.0
         self._down = False
         self._probing = False  # a call is probing a server that was down
@@ -139,6 +149,10 @@ class RedisLink:
                 client = self._client
         return client
 
+    def redact(self, exc: BaseException | str) -> str:
+        """`exc`'s message (or a text) without this tier's secrets."""
+        return redact_text(str(exc), self._secrets)
+
     def _connect(self) -> redis.Redis | RedisCluster:
         config = self._config
         common = {
@@ -147,6 +161,8 @@ class RedisLink:
             "retry": Retry(NoBackoff(), 0),  # no client-side retries: a miss
             **dict(config.options),
         }
+        if config.password is not None:  # from password_env
+            common["password"] = config.password
         if config.cluster:
             return RedisCluster.from_url(config.url, **common)
         plain = {"retry_on_timeout": False, "health_check_interval": 0, **common}
@@ -236,7 +252,7 @@ class RedisLink:
             "redis tier %s: %s refused a command: %s",
             self._config.name,
             redact_url(self._config.url),
-            exc,
+            self.redact(exc),
         )
 
     def failed(self, exc: BaseException) -> None:
@@ -250,7 +266,7 @@ class RedisLink:
                 "redis tier %s: %s: %s; lookups miss and stores drop for %.1fs",
                 self._config.name,
                 redact_url(self._config.url),
-                exc,
+                self.redact(exc),
                 self._backoff,
             )
             self._down = True
@@ -263,7 +279,9 @@ class RedisLink:
         try:
             self._client.close()
         except REDIS_ERRORS as exc:
-            logger.debug("redis tier %s: close: %s", self._config.name, exc)
+            logger.debug(
+                "redis tier %s: close: %s", self._config.name, self.redact(exc)
+            )
 
 
 def _master_through_sentinels(

@@ -44,6 +44,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -373,6 +374,9 @@ class RedisTier(SecondaryTier):
             except REDIS_ERRORS as exc:
                 self._link.call_failed(exc)
                 return BatchOutcome(indices, 0)
+            except Exception as exc:  # logged here, redacted, not by the pool
+                self._client_broke("store", exc)
+                return BatchOutcome(indices, 0)
             return outcome._replace(held=kept)
 
     def _still_held(self, job: TierJob, checked: list[int]) -> list[int]:
@@ -431,6 +435,9 @@ class RedisTier(SecondaryTier):
             except REDIS_ERRORS as exc:
                 self._link.call_failed(exc)
                 return BatchOutcome(indices, 0)
+            except Exception as exc:  # logged here, redacted, not by the pool
+                self._client_broke("load", exc)
+                return BatchOutcome(indices, 0)
             self._link.succeeded()
         failed: list[int] = []
         corrupt: list[str] = []
@@ -459,7 +466,11 @@ class RedisTier(SecondaryTier):
             try:
                 self._link.client.delete(*corrupt)
             except REDIS_ERRORS as exc:
-                logger.warning("%s: cannot delete corrupt chunks: %s", self.name, exc)
+                logger.warning(
+                    "%s: cannot delete corrupt chunks: %s",
+                    self.name,
+                    self._link.redact(exc),
+                )
         return BatchOutcome(failed, num_bytes, failed)
 
     def _get_values(self, names: list[str]) -> list[bytes | None]:
@@ -526,7 +537,12 @@ class RedisTier(SecondaryTier):
         redis-py takes but cannot use, say): logged with its traceback, and
         the server treated as down, so that lookups miss and nothing waits
         on an answer that would never come."""
-        logger.error("%s: %s failed unexpectedly", self.name, what, exc_info=exc)
+        # The traceback as text, redacted: redis-py's messages may quote the
+        # URL or an option, and a handler would print `exc_info` as it is.
+        trace = "".join(traceback.format_exception(exc))
+        logger.error(
+            "%s: %s failed unexpectedly: %s", self.name, what, self._link.redact(trace)
+        )
         self._link.failed(exc)
 
     def _report_removed(self, keys: list[OffloadKey]) -> None:

@@ -2,15 +2,19 @@
 
 A URL can carry the password (`redis://user:secret@host:6379/0`, or a
 `?password=` query parameter, which redis-py also reads); start-up errors and
-log lines show it through `redact_url` only.
+log lines show it through `redact_url` only, and any other text (an exception
+of redis-py's, which may echo the URL or a setting) through `redact_text`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 MASK = "***"
 
+# A URL inside free text: a scheme, then everything up to a space.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 # `password=`, `sentinel_password=` and the like, up to the next parameter.
 _SECRET_QUERY = re.compile(r"([?&][^=&#]*password[^=&#]*=)[^&#]*", re.IGNORECASE)
 
@@ -33,6 +37,16 @@ def redact_url(url: str) -> str:
         shown = f"{user}:{MASK}" if colon and "/" not in user else MASK
         rest = f"{shown}@{tail}"
     return f"{scheme}{sep}{_SECRET_QUERY.sub(_mask_value, rest)}"
+
+
+def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with every URL in it redacted (`redact_url`) and every one of
+    `secrets` (the longest first) replaced by `***`."""
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
 
 
 def shown_value(value: object) -> str:
