@@ -100,6 +100,12 @@ def check_client_option_names(names: Iterable[str], cluster: bool, where: str) -
             )
 
 
+_AUTH_HINT = (
+    " (the server refused the credentials: check the user and password in the "
+    "url, options or the variable password_env names)"
+)
+
+
 class RedisLink:
     """A redis-py client plus an up/down state driven by call outcomes.
 
@@ -263,10 +269,11 @@ class RedisLink:
             if now < self._down_until:
                 return  # already backing off: calls in flight failing together
             logger.warning(
-                "redis tier %s: %s: %s; lookups miss and stores drop for %.1fs",
+                "redis tier %s: %s: %s%s; lookups miss and stores drop for %.1fs",
                 self._config.name,
                 redact_url(self._config.url),
                 self.redact(exc),
+                _AUTH_HINT if isinstance(exc, redis.AuthenticationError) else "",
                 self._backoff,
             )
             self._down = True
