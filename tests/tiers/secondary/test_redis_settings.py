@@ -74,6 +74,13 @@ def test_a_bad_duration_names_the_key_and_the_value(name: str, value: object) ->
         ({"max_inflight_chunks": 0}, r"max_inflight_chunks: 0 must be an int from 1"),
         ({"key_prefix": "k" * 2000}, r"key_prefix: 'kkk.* must be at most 1024"),
         ({"key_prefix": b"kv"}, r"key_prefix: b'kv' must be a non-empty string"),
+        ({"batch_bytes": -(10**5000)}, r"batch_bytes: an int of \d+ bits must be"),
+        ({"batch_bytes": "2TiB"}, r"batch_bytes: '2TiB' must be from 1 to"),
+        # Fewer connections than threads: calls fail as if the server were down.
+        (
+            {"options": {"max_connections": 4}},
+            r"options: max_connections 4 must be an int >= num_threads \+ 2 \(6\)",
+        ),
     ],
 )
 def test_useless_values_are_refused(settings: dict[str, Any], message: str) -> None:
@@ -177,7 +184,7 @@ def test_options_the_client_cannot_use_with_the_url_are_refused(
         },
         {"url": "redis://c/3?db=3"},
         {"url": "redis://c", "cluster": True, "options": {"read_from_replicas": True}},
-        {"options": {"health_check_interval": 5, "max_connections": 8}},
+        {"options": {"health_check_interval": 5, "max_connections": 6}},
         {"ttl_s": MAX_TTL_S, "timeout_s": 300, "backoff_max_s": 3600},
     ],
 )

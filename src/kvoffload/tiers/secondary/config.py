@@ -260,9 +260,17 @@ class RedisTierConfig:
         _check_locality(self.locality)
         object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
         batch = self.batch_bytes
+        if type(batch) is int and not 0 < batch <= rs.MAX_BATCH_BYTES:
+            raise ValueError(  # before parse_size, whose error would repr it
+                f"batch_bytes: {rs.safe_repr(batch)} must be from 1 to "
+                f"{rs.MAX_BATCH_BYTES} bytes"
+            )
         object.__setattr__(self, "batch_bytes", parse_size(batch, "batch_bytes"))
-        if self.batch_bytes < 1:
-            raise ValueError(f"batch_bytes: {batch!r} must be > 0 bytes")
+        if not 0 < self.batch_bytes <= rs.MAX_BATCH_BYTES:
+            raise ValueError(
+                f"batch_bytes: {rs.safe_repr(batch)} must be from 1 to "
+                f"{rs.MAX_BATCH_BYTES} bytes"
+            )
         self._check_topology()
         self._check_options()
         if self.password_env is not None:
@@ -285,6 +293,21 @@ class RedisTierConfig:
         rs.check_seconds("ttl_s", self.ttl_s, maximum=rs.MAX_TTL_S, allow_none=True)
         rs.check_count("num_threads", self.num_threads, 1, rs.MAX_THREADS)
         rs.check_count("max_inflight_chunks", self.max_inflight_chunks, 1, 1 << 24)
+        # The pool's connections serve the I/O threads, the lookup thread and
+        # a reset's: fewer fail calls with "Too many connections", which reads
+        # as a server that is down.
+        least = self.num_threads + 2
+        limit = (
+            self.options.get("max_connections")
+            if isinstance(self.options, Mapping)
+            else None
+        )
+        if limit is not None and (type(limit) is not int or limit < least):
+            raise ValueError(
+                f"options: max_connections {rs.safe_repr(limit)} must be an int "
+                f">= num_threads + 2 ({least}): one connection per I/O thread, "
+                "plus the lookup and reset threads"
+            )
 
     def _check_topology(self) -> None:
         if not isinstance(self.cluster, bool):

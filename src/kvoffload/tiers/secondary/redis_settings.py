@@ -31,6 +31,7 @@ MAX_TIMEOUT_S = 300.0  # a server silent for longer is down, not slow
 MAX_BACKOFF_S = 3600.0  # longer would keep a recovered server unused for hours
 MAX_CACHE_S = 86400.0  # answers older than a day miss what other engines did
 MAX_THREADS = 256
+MAX_BATCH_BYTES = 1 << 40  # pipelined values of one batch; past it, one per job
 
 TLS_SCHEMES = ("rediss://", "rediss+sentinel://")
 
