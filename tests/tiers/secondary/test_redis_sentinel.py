@@ -4,6 +4,8 @@ data. The contract suite runs through a sentinel too (`make_tier`)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 from pathlib import Path
 
@@ -121,3 +123,29 @@ def test_after_a_failover_the_chunks_load_from_the_new_master(
             assert time.monotonic() < deadline + 5.0, "lookups never hit again"
             time.sleep(0.1)
         tier.shutdown()
+
+
+def test_a_silent_sentinel_is_asked_once_per_call_not_again_by_retries(
+    buffer: ArrayChunkBuffer,
+) -> None:
+    """Scenario: the sentinel accepts connections and never answers. A lookup
+    settles as a miss after one timeout: redis-py's own retries (each a new
+    connection after a backoff, seconds in all) are off for the sentinels as
+    for the master, so the sentinel sees one connection."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        config = RedisTierConfig(
+            f"redis+sentinel://127.0.0.1:{port}/svc", timeout_s=0.1
+        )
+        tier = RedisTier(config, buffer, "m", lambda: 100.0)  # no backoff ends
+        assert resolve(tier, key(1)) is LookupResult.MISS
+        tier.shutdown()
+        listener.setblocking(False)
+        accepted = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                listener.accept()[0].close()
+                accepted += 1
+    assert accepted == 1

@@ -309,6 +309,9 @@ def _master_through_sentinels(
         sentinel_kwargs={
             "socket_timeout": config.timeout_s,
             "socket_connect_timeout": config.timeout_s,
+            # As for the master: redis-py's default retries a timed-out call
+            # three times, reconnecting after a backoff (seconds in all).
+            "retry": Retry(NoBackoff(), 0),
             **own,
         },
     )
