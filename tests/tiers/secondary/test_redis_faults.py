@@ -342,3 +342,26 @@ def test_a_value_changed_anyhow_never_loads_wrong_bytes(
     if result.success:
         assert bytes(buffer.slot_view(1)[: GROUPS[0]]) == payload(key(1), GROUPS[0])
     tier.shutdown()
+
+
+def test_a_server_that_stops_answering_while_a_corrupt_value_is_deleted_is_down(
+    server: RedisServer, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a load finds a tampered value, and the server stops answering
+    before its deletion: the deletion's timeout marks the server down, so the
+    loads queued behind fail at once instead of each waiting a timeout."""
+    tier = RedisTier(RedisTierConfig(server.url), buffer, "m", Clock())
+    stored(tier, buffer, 1)
+    stored(tier, buffer, 2)
+    admin = redis.Redis(port=server.port)
+    admin.set(tier.redis_key(key(1)), b"tampered")
+
+    def timed_out(*names: object) -> None:
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(redis.Redis, "delete", timed_out)
+    jobs = Jobs(tier)
+    assert jobs.load([key(1)], [1]).failed_keys == (key(1),)
+    assert not tier.connected
+    assert jobs.load([key(2)], [1]).failed_keys == (key(2),)  # without a call
+    tier.shutdown()

@@ -471,6 +471,9 @@ class RedisTier(SecondaryTier):
                     self.name,
                     self._link.redact(exc),
                 )
+                # A server that stopped answering since the MGET is down for
+                # the jobs queued behind this one too.
+                self._link.call_failed(exc)
         return BatchOutcome(failed, num_bytes, failed)
 
     def _get_values(self, names: list[str]) -> list[bytes | None]:
