@@ -131,6 +131,8 @@ def test_the_longest_ttl_allowed_is_one_redis_accepts(
         ({"url": "redis://c/0?retry_on_timeout=y"}, r"url query: 'retry_on_timeout'"),
         ({"url": "redis://c/0?colour=red"}, r"url query: 'colour' is not an option"),
         ({"url": "redis://c/cache"}, r"url: 'redis://c/cache': the path must be a"),
+        ({"url": "redis://c/\u0661"}, r"url: 'redis://c/\u0661': the path must be a"),
+        ({"url": "redis://c?db=x"}, r"url: 'redis://c\?db=x': the database \(db=\)"),
         ({"url": "redis://c/2", "cluster": True}, r"Cluster has database 0 only"),
         ({"url": "redis://c/0?db=2", "cluster": True}, r"database 0 only"),
         ({"url": "redis+sentinel://s1/cache?db=1"}, r"sentinel:// URL takes no query"),

@@ -164,13 +164,13 @@ def check_url(url: str, cluster: bool) -> None:
     parts = urlsplit(url)
     query = url_query(url)
     db = dict(query).get("db")
-    if db is not None and not db.isdigit():
+    if db is not None and not (db.isascii() and db.isdigit()):
         raise ValueError(
             f"url: {shown_value(url)}: the database (db=) must be a number"
         )
     if not url.startswith("unix://"):
         path = parts.path.strip("/")
-        if path and not path.isdigit():
+        if path and not (path.isascii() and path.isdigit()):
             raise ValueError(
                 f"url: {shown_value(url)}: the path must be a database number "
                 "(/0, /1, ...), not a name"
