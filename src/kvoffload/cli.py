@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvoffload import __version__
 from kvoffload.policies import policy_names
 from kvoffload.replay.cli import add_replay_arguments, run_cli
 
@@ -30,6 +31,9 @@ def _demo_argv(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kvoffload", description="Tiered KV-cache offloading: replay and planning."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kvoffload {__version__}"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     replay = sub.add_parser(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from kvoffload.tiers.secondary import (
     create_secondary_tiers,
     make_fingerprint,
 )
+from kvoffload.tiers.secondary.factory import parse_tier_config
 from tests.tiers.secondary.secondary_support import FINGERPRINT
 
 
@@ -248,3 +250,15 @@ def test_tiering_config_errors_name_the_key_and_the_value(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         TieringConfig.from_mapping(mapping)
+
+
+def test_a_redis_tier_without_redis_py_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scenario: redis-py is not installed; the Redis tier fails validation at
+    start-up, naming what to install, not with a bare ModuleNotFoundError."""
+    for name in [m for m in sys.modules if m == "redis" or m.startswith("redis.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` fails
+    with pytest.raises(ValueError, match=r"kvoffload\[redis\]"):
+        parse_tier_config({"type": "redis", "url": "redis://localhost:6379/0"})

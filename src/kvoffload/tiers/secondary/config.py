@@ -135,6 +135,17 @@ def _offload_policy(value: object) -> OffloadPolicy:
         ) from None
 
 
+def _check_redis_installed() -> None:
+    """The Redis tier's client library, named with the extra that installs it."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "type: 'redis' needs the redis-py client library, which is not "
+            "installed here: pip install 'kvoffload[redis]' (or pip install redis)"
+        ) from None
+
+
 def _check_redis_url(url: object) -> None:
     """A URL redis-py (or `parse_sentinel_url`) can parse, named in errors
     without its password. The port is checked here because redis-py's error
@@ -243,6 +254,7 @@ class RedisTierConfig:
     """The password read from `password_env`."""
 
     def __post_init__(self) -> None:
+        _check_redis_installed()
         object.__setattr__(self, "url", rs.resolve_url(self.url, self.url_env))
         _check_redis_url(self.url)
         _check_name(self.name)
