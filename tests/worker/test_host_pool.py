@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -148,6 +149,21 @@ def test_create_refuses_an_existing_name_unless_told(name: str) -> None:
             HostPool.create(GEOMETRY, 1, name=name)
         with HostPool.create(GEOMETRY, 2, name=name, exist_ok=True) as replaced:
             assert HostPool.attach(name).num_slots == replaced.num_slots == 2
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o277], ids=oct)
+def test_a_named_pool_is_0600_whatever_the_umask(name: str, umask: int) -> None:
+    """The pool holds KV caches: never readable by other users (umask 0), and
+    always readable and writable by this one, whose scheduler attaches to it
+    (umask 0o277 would leave 0400)."""
+    before = os.umask(umask)
+    try:
+        pool = HostPool.create(GEOMETRY, 1, name=name)
+    finally:
+        os.umask(before)
+    with pool:
+        assert pool.path is not None
+        assert stat.S_IMODE(pool.path.stat().st_mode) == 0o600
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", ".hidden"])

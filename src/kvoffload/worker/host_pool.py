@@ -39,6 +39,9 @@ _CREATOR_NBYTES = 96
 _HEAD = struct.Struct(f"<8sIIQQ{_LAYOUT_NBYTES}s{_CREATOR_NBYTES}sQ")
 _GROUP = struct.Struct("<QQQQ")  # group, layers, layer block bytes, blocks per chunk
 _MAX_GROUPS = (_HEADER_NBYTES - _HEAD.size) // _GROUP.size
+_FILE_MODE = 0o600
+"""The pool holds KV caches (prompts can be recovered from them): this user only,
+whatever the umask. The attaching process runs as the same user."""
 
 
 class HostPool(OneViewPerChunk):
@@ -100,9 +103,10 @@ class HostPool(OneViewPerChunk):
         and of other hosts or pid namespaces (whose pids mean nothing here) are
         left alone.
 
-        The file's space is reserved up front, so a full `/dev/shm` is an
-        `OSError` here rather than a crash at the first write. With `exist_ok`,
-        a file of that name still there (a live process's) is replaced.
+        The file is made 0600 whatever the umask, and its space is reserved
+        up front, so a full `/dev/shm` is an `OSError` here rather than a crash
+        at the first write. With `exist_ok`, a file of that name still there
+        (a live process's) is replaced.
         `layout` (at most 32 ASCII characters) names how the engine's KV bytes
         are arranged, for the process that attaches: it names the chunks, the
         worker sees the tensors.
@@ -125,8 +129,11 @@ class HostPool(OneViewPerChunk):
         # Named by its creator, so that one killed while it reserves the memory
         # (all of it, in a file no attacher can name) is found and removed.
         tmp = path.with_name(f".{path.name}{processes.temporary_suffix()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         try:
+            # Exactly: the umask may have taken the owner's bits too (0o277
+            # leaves 0400, which the attaching scheduler cannot map).
+            os.fchmod(fd, _FILE_MODE)
             os.posix_fallocate(fd, 0, _HEADER_NBYTES + nbytes)
             os.pwrite(fd, _encode_header(geometry, num_slots, layout), 0)
             mapping = mmap.mmap(fd, _HEADER_NBYTES + nbytes)
