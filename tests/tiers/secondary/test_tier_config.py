@@ -39,6 +39,17 @@ def test_file_config_from_mapping_parses_sizes_and_policies(tmp_path: Path) -> N
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "mode"), [("0600", 0o600), ("0660", 0o660), (0o600, 0o600), (432, 0o660)]
+)
+def test_file_mode_takes_the_two_modes_as_strings_or_ints(
+    tmp_path: Path, value: object, mode: int
+) -> None:
+    mapping = {"path": str(tmp_path), "capacity": "1GiB", "file_mode": value}
+    assert FileTierConfig.from_mapping(mapping).file_mode == mode
+    assert FileTierConfig(str(tmp_path), 1 << 30).file_mode == 0o600
+
+
 def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"unknown file tier key 'capcity'.*'capacity'.*'path'"
@@ -68,6 +79,10 @@ def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
         ({"rescan_interval_s": -1}, r"rescan_interval_s: -1 must be a positive"),
         ({"rescan_interval_s": "5s"}, r"rescan_interval_s: '5s' must be a positive"),
         ({"rescan_interval_s": False}, r"rescan_interval_s: False must be a positive"),
+        ({"file_mode": "0644"}, r"file_mode: '0644' must be '0600' .* or '0660'"),
+        ({"file_mode": 0o644}, r"file_mode: 420 must be '0600' .* or '0660'"),
+        ({"file_mode": "rw-------"}, r"file_mode: 'rw-------' must be '0600'"),
+        ({"file_mode": True}, r"file_mode: True must be '0600'"),
     ],
 )
 def test_file_config_errors_name_field_value_and_what_is_allowed(

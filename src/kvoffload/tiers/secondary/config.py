@@ -21,6 +21,7 @@ from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
 from kvoffload.tiers.secondary import redis_settings as rs
 from kvoffload.tiers.secondary.base import Locality
+from kvoffload.tiers.secondary.file_access import FILE_MODES, PRIVATE_FILE_MODE
 from kvoffload.tiers.secondary.redis_sentinel import (
     SENTINEL_SCHEMES,
     is_sentinel_url,
@@ -172,6 +173,20 @@ def _check_eviction_policy(value: object) -> None:
     get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
 
 
+def _file_mode(value: object) -> int:
+    """`file_mode` as an int: one of `FILE_MODES`, as a string ('0600') or an
+    int (0o600, which JSON can only write as 384)."""
+    if isinstance(value, str) and value in FILE_MODES:
+        return FILE_MODES[value]
+    if type(value) is int and value in FILE_MODES.values():
+        return value
+    raise ValueError(
+        f"file_mode: {value!r} must be '0600' (this user only) or "
+        "'0660' (this user and the directory's group, for engines of several "
+        "users sharing it)"
+    )
+
+
 @dataclass(frozen=True)
 class FileTierConfig:
     """A directory of chunk files with a byte capacity (`capacity` in mappings)."""
@@ -190,6 +205,9 @@ class FileTierConfig:
     """Seconds between rescans of the directory for chunk files that other engines
     wrote into it (a directory shared between engines); 0: never (the directory is
     this engine's alone after start)."""
+    file_mode: int = PRIVATE_FILE_MODE
+    """Mode of the chunk files, 0600 or 0660 (`"0600"`, `"0660"` in mappings);
+    directories get 0700 or 0770. Whatever the umask (see `file_access`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -209,6 +227,7 @@ class FileTierConfig:
         # False == 0: a bool is checked (and refused) like any other value.
         if self.rescan_interval_s != 0 or isinstance(self.rescan_interval_s, bool):
             _check_seconds(self.rescan_interval_s, "rescan_interval_s")
+        object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FileTierConfig:

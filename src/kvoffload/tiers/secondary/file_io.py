@@ -10,7 +10,8 @@ complete. Payloads move with direct I/O when their length and host address are
 `OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
 `remove_all` (a reset) renames `<root>/<fingerprint>` aside, to a hidden
 `.<fingerprint>.<id>.deleting`, and deletes that in the background. Temporary
-files are named by their writers (see `file_temporary`).
+files are named by their writers (see `file_temporary`); modes are
+`file_access`'s concern.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ from kvoffload.tiers.secondary.codec import (
     encode_header,
     header_size,
     payload_checksum,
+)
+from kvoffload.tiers.secondary.file_access import (
+    PRIVATE_FILE_MODE,
+    directory_mode,
+    make_directories,
+    restrict_directory,
+    set_file_mode,
 )
 from kvoffload.tiers.secondary.file_temporary import is_abandoned
 
@@ -181,15 +189,27 @@ class ChunkFiles:
     where there is no disk to go to and direct I/O only adds work), and file
     systems that refuse it (`EINVAL`, after which it stays off) use the page
     cache.
+
+    Files are made with `file_mode` and directories with the matching
+    `directory_mode`, whatever the umask; the fingerprint's directory, if this
+    user's, is given that mode at start too (see `file_access`).
     """
 
     def __init__(
-        self, root: str, fingerprint: str, fsync: bool = False, direct: bool = True
+        self,
+        root: str,
+        fingerprint: str,
+        fsync: bool = False,
+        direct: bool = True,
+        file_mode: int = PRIVATE_FILE_MODE,
     ) -> None:
         self.fingerprint = fingerprint
         self.directory = os.path.join(root, fingerprint)
         self._fsync = fsync
-        os.makedirs(self.directory, exist_ok=True)
+        self._file_mode = file_mode
+        self._directory_mode = directory_mode(file_mode)
+        make_directories(self.directory, self._directory_mode)
+        restrict_directory(self.directory, self._directory_mode)
         self._direct = (
             direct
             and bool(_O_DIRECT)
@@ -203,7 +223,8 @@ class ChunkFiles:
         as a temporary file, so a process killed here leaves nothing a later
         start does not remove."""
         probe = os.path.join(self.directory, f".probe{temporary_suffix()}")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644))
+        flags = os.O_WRONLY | os.O_CREAT | _O_CLOEXEC
+        os.close(os.open(probe, flags, self._file_mode))
         os.unlink(probe)
 
     @property
@@ -272,7 +293,9 @@ class ChunkFiles:
             fd = self._create(tmp, direct)
         try:
             try:
-                if os.fstat(fd).st_size != size:
+                status = os.fstat(fd)
+                set_file_mode(fd, status, self._file_mode)
+                if status.st_size != size:
                     os.ftruncate(fd, size)
                 try:
                     _write_all(fd, buffers)
@@ -308,13 +331,12 @@ class ChunkFiles:
                 self._no_direct(exc)
         return opener(flags)
 
-    @staticmethod
-    def _open_creating_dirs(tmp: str, flags: int) -> int:
+    def _open_creating_dirs(self, tmp: str, flags: int) -> int:
         try:
-            return os.open(tmp, flags, 0o644)
+            return os.open(tmp, flags, self._file_mode)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(tmp), exist_ok=True)
-            return os.open(tmp, flags, 0o644)
+            make_directories(os.path.dirname(tmp), self._directory_mode)
+            return os.open(tmp, flags, self._file_mode)
 
     def _reuse(self, victim: OffloadKey, tmp: str, direct: bool) -> int | None:
         """The evicted chunk's file, renamed to `tmp` and open for writing."""
@@ -325,7 +347,7 @@ class ChunkFiles:
             except FileNotFoundError:
                 if not os.path.exists(source):
                     return None  # already gone (deleted by hand, say)
-                os.makedirs(os.path.dirname(tmp), exist_ok=True)
+                make_directories(os.path.dirname(tmp), self._directory_mode)
                 os.rename(source, tmp)
         except OSError:
             self.delete(victim)
@@ -404,7 +426,7 @@ class ChunkFiles:
                 self.delete(scanned.key)
             return
         with contextlib.suppress(OSError):  # writes create it too
-            os.makedirs(self.directory, exist_ok=True)
+            make_directories(self.directory, self._directory_mode)
         if aside:
             _delete_trees([aside])
 

@@ -81,7 +81,9 @@ class FileTier(SecondaryTier):
                 f"expected at least {largest} bytes"
             )
         try:
-            self._files = ChunkFiles(config.path, fingerprint, config.fsync)
+            self._files = ChunkFiles(
+                config.path, fingerprint, config.fsync, file_mode=config.file_mode
+            )
             self._files.check_writable()
         except OSError as exc:
             # Every store would fail: a setting to fix before serving.
