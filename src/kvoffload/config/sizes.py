@@ -45,7 +45,13 @@ def parse_size(value: object, field: str) -> int:
             factor = _UNITS.get(unit.lower())
             if factor is not None:
                 # Exact: a float would round large sizes and overflow huge ones.
-                size = Fraction(number) * factor
+                try:
+                    size = Fraction(number) * factor
+                except ValueError:  # past Python's 4,300 digits for an int
+                    raise ValueError(
+                        f"{field}: a size of {len(number):,} digits is not a size "
+                        f"any storage holds; expected {allowed}"
+                    ) from None
                 if size.denominator != 1:
                     raise ValueError(
                         f"{field}: {value!r} is not a whole number of bytes; "

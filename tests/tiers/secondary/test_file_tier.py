@@ -13,6 +13,7 @@ import pytest
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import (
     ArrayChunkBuffer,
+    Clock,
     FileTier,
     FileTierConfig,
     TierJob,
@@ -34,9 +35,14 @@ FILE_SIZE = chunk_file_size(36, FINGERPRINT, GROUPS[0])
 
 
 def tier_at(
-    path: Path, buffer: ChunkBuffer, capacity: int = 1 << 20, **kw: object
+    path: Path,
+    buffer: ChunkBuffer,
+    capacity: int = 1 << 20,
+    clock: Clock = time.monotonic,
+    **kw: object,
 ) -> FileTier:
-    return FileTier(FileTierConfig(str(path), capacity, **kw), buffer, FINGERPRINT)  # type: ignore[arg-type]
+    config = FileTierConfig(str(path), capacity, **kw)  # type: ignore[arg-type]
+    return FileTier(config, buffer, FINGERPRINT, clock)
 
 
 def store(tier: FileTier, buffer: ArrayChunkBuffer, ids: list[int]) -> None:

@@ -1,5 +1,7 @@
 """Engines sharing one file-tier directory: with `rescan_interval_s`, each finds
-the chunk files the others write, on its I/O pool, and indexes them."""
+the chunk files the others write, on its I/O pool, and indexes them. Rescans
+follow a manual clock that each step of a rescanning tier advances by the
+interval, so each step starts a rescan if none is running."""
 
 from __future__ import annotations
 
@@ -14,11 +16,34 @@ import pytest
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
 from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
-from kvoffload.worker import GroupGeometry, HostPool, PoolGeometry
+from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import CTX, GROUPS, Jobs, key, payload
 from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at
 
-RESCAN_S = 0.02
+RESCAN_S = 1.0
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = ManualClock()
+
+
+def rescanning(path: Path, buffer: ChunkBuffer, **kw: object) -> FileTier:
+    """A tier that rescans `path` every `RESCAN_S` of `CLOCK`."""
+    return tier_at(path, buffer, rescan_interval_s=RESCAN_S, clock=CLOCK, **kw)  # type: ignore[arg-type]
+
+
+def step(tier: FileTier) -> None:
+    """One scheduler step, a rescan interval after the previous one."""
+    CLOCK.now += RESCAN_S
+    tier.get_finished_jobs()
+    time.sleep(0.005)  # for the rescan thread, which runs on its own
 
 
 def wait_for_hit(tier: FileTier, ids: list[int], timeout_s: float = 10.0) -> None:
@@ -26,8 +51,7 @@ def wait_for_hit(tier: FileTier, ids: list[int], timeout_s: float = 10.0) -> Non
     deadline = time.monotonic() + timeout_s
     while not all(tier.lookup(key(i), CTX) is LookupResult.HIT for i in ids):
         assert time.monotonic() < deadline, f"chunks {ids} never found by rescan"
-        tier.get_finished_jobs()
-        time.sleep(0.005)
+        step(tier)
 
 
 def step_until(
@@ -37,14 +61,13 @@ def step_until(
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, "the tier's rescans never got there"
-        tier.get_finished_jobs()
-        time.sleep(0.005)
+        step(tier)
 
 
 def test_a_chunk_another_engine_stores_becomes_a_hit_with_its_bytes(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
-    reader = tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S)
+    reader = rescanning(tmp_path, buffer)
     alone = tier_at(tmp_path, buffer)  # the default: no rescans
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer)
@@ -67,7 +90,7 @@ def test_a_chunk_another_engine_stores_becomes_a_hit_with_its_bytes(
 def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
-    reader = tier_at(tmp_path, buffer, capacity=FILE_SIZE, rescan_interval_s=RESCAN_S)
+    reader = rescanning(tmp_path, buffer, capacity=FILE_SIZE)
     store(reader, buffer, [3])
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer, capacity=4 * FILE_SIZE)
@@ -81,8 +104,7 @@ def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
     deadline = time.monotonic() + 10.0
     while Path(reader.chunk_path(key(3))).exists():
         assert time.monotonic() < deadline, "evicted chunk file never deleted"
-        reader.get_finished_jobs()
-        time.sleep(0.005)
+        step(reader)
     assert reader.get_stats().evictions == 1
     assert in_progress.exists()
     # Once its deletion is reported the evicted key can be stored again.
@@ -96,9 +118,7 @@ def test_found_chunks_evict_by_policy_and_rescans_leave_temporary_files(
 def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
     tmp_path: Path, buffer: ArrayChunkBuffer
 ) -> None:
-    reader = tier_at(
-        tmp_path, buffer, capacity=2 * FILE_SIZE, rescan_interval_s=RESCAN_S
-    )
+    reader = rescanning(tmp_path, buffer, capacity=2 * FILE_SIZE)
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer)
     store(writer, writer_buffer, [1, 2])
@@ -109,8 +129,7 @@ def test_a_chunk_another_engine_deletes_becomes_a_miss_and_frees_its_room(
     deadline = time.monotonic() + 10.0
     while reader.lookup(key(1), CTX) is LookupResult.HIT:
         assert time.monotonic() < deadline, "a deleted chunk stayed a hit"
-        reader.get_finished_jobs()
-        time.sleep(0.005)
+        step(reader)
     assert reader.used_bytes == FILE_SIZE
     removed = [e.keys for e in reader.take_events() if e.removed]
     assert removed == [(key(1),)]
@@ -131,14 +150,14 @@ def test_an_engine_starting_up_leaves_a_peers_write_in_progress(
     same directory. B's start-up leaves A's temporary file alone: A's store
     succeeds and B's first rescan finds the chunk."""
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
-    writer = tier_at(tmp_path, writer_buffer, rescan_interval_s=RESCAN_S)
+    writer = rescanning(tmp_path, writer_buffer)
     starting: list[FileTier] = []
     real_pwritev = os.pwritev
 
     def peer_starts_mid_write(fd: int, buffers: list[memoryview], offset: int) -> int:
         written: int = real_pwritev(fd, buffers, offset)
         if not starting:
-            starting.append(tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S))
+            starting.append(rescanning(tmp_path, buffer))
         return written
 
     monkeypatch.setattr(os, "pwritev", peer_starts_mid_write)
@@ -162,7 +181,7 @@ def test_a_chunk_evicted_at_start_up_and_stored_again_by_another_engine_is_found
     base = time.time() - 100
     for age, i in enumerate((1, 2)):  # chunk 1 is the older
         os.utime(first.chunk_path(key(i)), (base + age, base + age))
-    reader = tier_at(tmp_path, buffer, capacity=FILE_SIZE, rescan_interval_s=RESCAN_S)
+    reader = rescanning(tmp_path, buffer, capacity=FILE_SIZE)
     assert reader.lookup(key(1), CTX) is LookupResult.MISS
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer)
@@ -181,7 +200,7 @@ def test_a_rescan_passes_over_a_file_naming_a_group_the_host_pool_lacks(
     does not have. Rescans on the scheduler thread pass over it (it is not this
     layout's) and still find the good chunk."""
     pool = HostPool.create(PoolGeometry((GroupGeometry(0, 2, 1024, 2),)), 4)
-    reader = tier_at(tmp_path, pool, rescan_interval_s=RESCAN_S)
+    reader = rescanning(tmp_path, pool)
     writer_buffer = ArrayChunkBuffer(16, 4096)
     writer = tier_at(tmp_path, writer_buffer)
     stray = Path(writer.chunk_path(key(1, group=7)))
@@ -204,9 +223,7 @@ def test_a_rescan_announces_only_the_chunks_it_keeps_and_counts_its_evictions(
     so the two older are adopted and then evicted by the newer in the same
     pass. Routers hear of the two kept only, with no removed event for chunks
     they never heard of, and both evictions are counted."""
-    reader = tier_at(
-        tmp_path, buffer, capacity=2 * FILE_SIZE, rescan_interval_s=RESCAN_S
-    )
+    reader = rescanning(tmp_path, buffer, capacity=2 * FILE_SIZE)
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer)
     store(writer, writer_buffer, [1, 2, 3, 4])
@@ -247,7 +264,7 @@ def test_a_reset_does_not_wait_for_a_rescan_and_serves_nothing_it_listed(
         yield from listed
 
     monkeypatch.setattr(ChunkFiles, "scan", held_scan)
-    reader = tier_at(tmp_path, buffer, rescan_interval_s=RESCAN_S)
+    reader = rescanning(tmp_path, buffer)
     writer_buffer = ArrayChunkBuffer(16, 4096, GROUPS)
     writer = tier_at(tmp_path, writer_buffer)
     store(writer, writer_buffer, [1])

@@ -50,6 +50,14 @@ def test_file_mode_takes_the_two_modes_as_strings_or_ints(
     assert FileTierConfig(str(tmp_path), 1 << 30).file_mode == 0o600
 
 
+@pytest.mark.parametrize("seconds", [0, 1, 1.0, 60, 86400])
+def test_rescan_interval_takes_zero_or_one_second_to_a_day(
+    tmp_path: Path, seconds: float
+) -> None:
+    config = FileTierConfig(str(tmp_path), 1 << 30, rescan_interval_s=seconds)
+    assert config.rescan_interval_s == seconds
+
+
 def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"unknown file tier key 'capcity'.*'capacity'.*'path'"
@@ -79,6 +87,32 @@ def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
         ({"rescan_interval_s": -1}, r"rescan_interval_s: -1 must be a positive"),
         ({"rescan_interval_s": "5s"}, r"rescan_interval_s: '5s' must be a positive"),
         ({"rescan_interval_s": False}, r"rescan_interval_s: False must be a positive"),
+        # Values that make the tier useless, or absurd: refused with the range.
+        (
+            {"rescan_interval_s": 1e-300},
+            r"rescan_interval_s: 1e-300 .* from 1 to 86400",
+        ),
+        (
+            {"rescan_interval_s": 0.5},
+            r"rescan_interval_s: 0.5 .* from 1 to 86400, or 0",
+        ),
+        ({"rescan_interval_s": 86401}, r"rescan_interval_s: 86401 .* from 1 to 86400"),
+        ({"rescan_interval_s": float("inf")}, r"rescan_interval_s: inf must be"),
+        (
+            {"rescan_interval_s": 10**5000},
+            r"rescan_interval_s: <an int of 16,610 bits>",
+        ),
+        ({"num_threads": 257}, r"num_threads: 257 must be an int >= 1 and <= 256"),
+        ({"num_threads": 10**5000}, r"num_threads: <an int of 16,610 bits> must be"),
+        ({"num_threads": 2.0}, r"num_threads: 2.0 must be an int >= 1"),
+        (
+            {"max_inflight_chunks": 2**20 + 1},
+            r"max_inflight_chunks: 1048577 must be an int >= 1 and <= 1,048,576",
+        ),
+        ({"capacity_bytes": 2**63}, r"capacity: 9223372036854775808 .* at most 9,22"),
+        ({"capacity_bytes": "9" * 5000 + "TiB"}, r"capacity: a size of 5,000 digits"),
+        ({"capacity_bytes": 10**5000}, r"capacity: <an int of 16,610 bits> must be"),
+        ({"path": "/kv\0"}, r"path: '/kv\\x00' must be .*without NUL"),
         ({"file_mode": "0644"}, r"file_mode: '0644' must be '0600' .* or '0660'"),
         ({"file_mode": 0o644}, r"file_mode: 420 must be '0600' .* or '0660'"),
         ({"file_mode": "rw-------"}, r"file_mode: 'rw-------' must be '0600'"),

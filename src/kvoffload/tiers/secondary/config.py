@@ -96,9 +96,25 @@ def _check_name(name: object) -> None:
         )
 
 
-def _check_int(value: object, field_name: str, minimum: int) -> None:
-    if type(value) is not int or value < minimum:
-        raise ValueError(f"{field_name}: {value!r} must be an int >= {minimum}")
+def _shown_number(value: object) -> str:
+    """`repr(value)`, or for an int too long to print (Python refuses past
+    4,300 digits) its length: the error naming it must not fail itself."""
+    try:
+        return repr(value)
+    except ValueError:
+        assert isinstance(value, int)
+        return f"<an int of {value.bit_length():,} bits>"
+
+
+def _check_int(
+    value: object, field_name: str, minimum: int, maximum: int | None = None
+) -> None:
+    too_big = maximum is not None and type(value) is int and value > maximum
+    if type(value) is not int or value < minimum or too_big:
+        allowed = f"an int >= {minimum}" + (
+            f" and <= {maximum:,}" if maximum is not None else ""
+        )
+        raise ValueError(f"{field_name}: {_shown_number(value)} must be {allowed}")
 
 
 def _check_seconds(
@@ -173,6 +189,30 @@ def _check_eviction_policy(value: object) -> None:
     get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
 
 
+MAX_CAPACITY_BYTES = 2**63 - 1
+"""The most bytes a file system holds (8 EiB): what a file offset can address."""
+MAX_FILE_THREADS = 256
+MAX_INFLIGHT_CHUNKS = 1 << 20
+RESCAN_INTERVAL_RANGE_S = (1.0, 86400.0)
+"""A rescan walks the whole directory: more often than once a second it is a
+busy loop on its thread for any directory of size (`1e-300`: rescans back to
+back), and other engines' chunks are found within a second anyway; less often
+than daily, a directory shared for caching is hardly shared (0 turns it off)."""
+
+
+def _check_rescan_interval(value: object) -> None:
+    # False == 0: a bool is checked (and refused) like any other value.
+    if value == 0 and not isinstance(value, bool):
+        return
+    lowest, highest = RESCAN_INTERVAL_RANGE_S
+    seconds = finite_seconds(value)
+    if seconds is None or not lowest <= seconds <= highest:
+        raise ValueError(
+            f"rescan_interval_s: {_shown_number(value)} must be a positive number "
+            f"of seconds from {lowest:.0f} to {highest:.0f}, or 0 for no rescans"
+        )
+
+
 def _file_mode(value: object) -> int:
     """`file_mode` as an int: one of `FILE_MODES`, as a string ('0600') or an
     int (0o600, which JSON can only write as 384)."""
@@ -181,7 +221,7 @@ def _file_mode(value: object) -> int:
     if type(value) is int and value in FILE_MODES.values():
         return value
     raise ValueError(
-        f"file_mode: {value!r} must be '0600' (this user only) or "
+        f"file_mode: {_shown_number(value)} must be '0600' (this user only) or "
         "'0660' (this user and the directory's group, for engines of several "
         "users sharing it)"
     )
@@ -210,23 +250,29 @@ class FileTierConfig:
     directories get 0700 or 0770. Whatever the umask (see `file_access`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path:
-            raise ValueError(f"path: {self.path!r} must be a non-empty directory path")
+        if not isinstance(self.path, str) or not self.path or "\0" in self.path:
+            raise ValueError(
+                f"path: {self.path!r} must be a non-empty directory path "
+                "(without NUL characters)"
+            )
         capacity = self.capacity_bytes
         object.__setattr__(self, "capacity_bytes", parse_size(capacity, "capacity"))
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"capacity: {capacity!r} must be > 0 bytes")
+        if not 0 < self.capacity_bytes <= MAX_CAPACITY_BYTES:
+            raise ValueError(
+                f"capacity: {_shown_number(capacity)} must be > 0 bytes and at "
+                f"most {MAX_CAPACITY_BYTES:,} (8 EiB)"
+            )
         _check_eviction_policy(self.eviction_policy)
         _check_name(self.name)
         _check_locality(self.locality)
         object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
-        _check_int(self.num_threads, "num_threads", 1)
-        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        _check_int(self.num_threads, "num_threads", 1, MAX_FILE_THREADS)
+        _check_int(
+            self.max_inflight_chunks, "max_inflight_chunks", 1, MAX_INFLIGHT_CHUNKS
+        )
         if not isinstance(self.fsync, bool):
             raise ValueError(f"fsync: {self.fsync!r} must be true or false")
-        # False == 0: a bool is checked (and refused) like any other value.
-        if self.rescan_interval_s != 0 or isinstance(self.rescan_interval_s, bool):
-            _check_seconds(self.rescan_interval_s, "rescan_interval_s")
+        _check_rescan_interval(self.rescan_interval_s)
         object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
 
     @classmethod

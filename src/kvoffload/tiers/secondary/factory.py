@@ -56,7 +56,9 @@ def create_secondary_tier(
     if tier_type == "file":
         from kvoffload.tiers.secondary.file_tier import FileTier
 
-        return FileTier(FileTierConfig.from_mapping(mapping), buffer, fingerprint)
+        return FileTier(
+            FileTierConfig.from_mapping(mapping), buffer, fingerprint, clock
+        )
     if tier_type == "redis":
         from kvoffload.tiers.secondary.redis_tier import RedisTier
 

@@ -18,6 +18,7 @@ from functools import partial
 from typing import NamedTuple
 
 from kvoffload.keys import OffloadKey
+from kvoffload.tiers.secondary.base import Clock
 from kvoffload.tiers.secondary.executor import JobExecutor
 from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
 
@@ -43,8 +44,10 @@ class Rescanner:
         executor: JobExecutor,
         interval_s: float,
         known: Iterable[OffloadKey],
+        clock: Clock = time.monotonic,
     ) -> None:
         self._files = files
+        self._clock = clock
         self._executor = executor
         self._interval_s = interval_s
         self._seen = set(known)  # keys of the previous scan
@@ -53,14 +56,14 @@ class Rescanner:
         self._deleted: list[OffloadKey] = []
         self._vanished: list[OffloadKey] = []
         self._scanning = False
-        self._due = time.monotonic() + interval_s
+        self._due = clock() + interval_s
         self._generation = 0  # bumped by `reset`: older scans are void
         self._unreported = 0  # keys `delete` took that `poll` has not reported
 
     def poll(self) -> ScanNews:
         """On the scheduler thread: what changed since the last poll; starts a
         scan when one is due."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             found, self._found = self._found, []
             deleted, self._deleted = self._deleted, []

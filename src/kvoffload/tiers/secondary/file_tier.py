@@ -11,6 +11,7 @@ cannot be read for another reason (no free descriptors, say) fails that load onl
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -22,7 +23,12 @@ from kvoffload.tiers.base import (
     ReqContext,
     TierStats,
 )
-from kvoffload.tiers.secondary.base import SecondaryTier, TierJob, TierJobResult
+from kvoffload.tiers.secondary.base import (
+    Clock,
+    SecondaryTier,
+    TierJob,
+    TierJobResult,
+)
 from kvoffload.tiers.secondary.codec import CorruptChunkError, validate_fingerprint
 from kvoffload.tiers.secondary.config import FileTierConfig
 from kvoffload.tiers.secondary.executor import (
@@ -59,7 +65,11 @@ class FileTier(SecondaryTier):
     """A directory of chunk files (see `ChunkFiles`) with a capacity in bytes."""
 
     def __init__(
-        self, config: FileTierConfig, buffer: ChunkBuffer, fingerprint: str
+        self,
+        config: FileTierConfig,
+        buffer: ChunkBuffer,
+        fingerprint: str,
+        clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(
             config.name,
@@ -107,7 +117,7 @@ class FileTier(SecondaryTier):
         kept = self._rebuild_index()
         self._record_event(kept, False)  # readable from the start
         self._rescan = (
-            Rescanner(self._files, self._rescans, config.rescan_interval_s, kept)
+            Rescanner(self._files, self._rescans, config.rescan_interval_s, kept, clock)
             if config.rescan_interval_s
             else None
         )
