@@ -6,8 +6,8 @@ import threading
 from collections.abc import Iterator
 
 from kvoffload.tiers.secondary.executor import JobExecutor
-from kvoffload.tiers.secondary.file_io import ScannedFile
 from kvoffload.tiers.secondary.file_rescan import Rescanner
+from kvoffload.tiers.secondary.file_scan import ScannedFile
 from tests.tiers.secondary.secondary_support import key
 
 

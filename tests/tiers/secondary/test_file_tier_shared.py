@@ -15,7 +15,8 @@ import pytest
 
 from kvoffload import LookupResult
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
-from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
+from kvoffload.tiers.secondary.file_io import ChunkFiles
+from kvoffload.tiers.secondary.file_scan import ScannedFile
 from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import CTX, GROUPS, Jobs, key, payload
 from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at

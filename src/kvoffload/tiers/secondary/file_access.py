@@ -1,14 +1,20 @@
-"""How the file tier creates its files: private whatever the umask.
+"""How the file tier creates and opens its files: private whatever the umask, and
+never an open that blocks or follows a link.
 
 Chunk files hold KV caches, from which prompts can be recovered, so directories
 are made 0700 and files 0600 (0770 and 0660 with `file_mode: "0660"`, for
 engines of different users sharing a directory through a group). The modes are
 set explicitly after creation: `open` and `mkdir` only ask for a mode, which
-the umask can then strip bits from, but never add to.
+the umask can then strip bits from, but never add to. Chunk files are opened
+with `O_NONBLOCK | O_NOFOLLOW` and checked to be regular files: a FIFO, socket,
+device, directory or symbolic link where a chunk file should be raises
+`NotAChunkFileError`; opening a FIFO without it would block the I/O thread, and
+`drain` and `shutdown` with it, until some other process opened its other end.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -17,11 +23,62 @@ GROUP_FILE_MODE = 0o660
 FILE_MODES = {"0600": PRIVATE_FILE_MODE, "0660": GROUP_FILE_MODE}
 """The modes `file_mode` allows, as users write them."""
 
+_SAFE_FLAGS = (
+    os.O_NONBLOCK
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+# What an open with `_SAFE_FLAGS` answers for a name that is no regular file:
+# a symbolic link (ELOOP), a FIFO opened for writing with no reader or a socket
+# (ENXIO), a directory opened for writing (EISDIR), a non-directory in the
+# path (ENOTDIR), a device without a driver (ENODEV).
+_NOT_A_FILE_ERRNOS = frozenset(
+    {errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.ENODEV}
+)
+
+
+class NotAChunkFileError(OSError):
+    """Something other than a regular file (a FIFO, socket, device, directory or
+    symbolic link) where a chunk file or temporary file should be. Never one
+    the tier wrote: it writes only regular files and renames them into place."""
+
 
 def directory_mode(file_mode: int) -> int:
     """The mode of the directories holding files of `file_mode`: the same
     users may list, enter and change them (0600 gives 0700, 0660 gives 0770)."""
     return file_mode | (file_mode & 0o444) >> 2
+
+
+def open_file(path: str, flags: int, mode: int = PRIVATE_FILE_MODE) -> int:
+    """`os.open` that never blocks on a FIFO nor follows a symbolic link.
+
+    Raises `NotAChunkFileError` where the name is something other than a
+    regular file, as far as the open alone can tell (see `check_regular`).
+    """
+    try:
+        return os.open(path, flags | _SAFE_FLAGS, mode)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE_ERRNOS:
+            raise NotAChunkFileError(
+                exc.errno, f"not a regular file ({exc.strerror})", path
+            ) from exc
+        raise
+
+
+def check_regular(fd: int, path: str) -> os.stat_result:
+    """The status of the open `fd`; `NotAChunkFileError` unless a regular file
+    (a FIFO or a device opens without error: only its status tells). A regular
+    file's descriptor is made blocking again: only its open needed otherwise,
+    and a file system may honour the flag in reads and writes (FUSE can)."""
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        kind = stat.filemode(status.st_mode)[0]
+        raise NotAChunkFileError(
+            errno.ENOTSUP, f"not a regular file (type {kind!r})", path
+        )
+    os.set_blocking(fd, True)
+    return status
 
 
 def set_file_mode(fd: int, status: os.stat_result, mode: int) -> None:

@@ -10,8 +10,9 @@ complete. Payloads move with direct I/O when their length and host address are
 `OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
 `remove_all` (a reset) renames `<root>/<fingerprint>` aside, to a hidden
 `.<fingerprint>.<id>.deleting`, and deletes that in the background. Temporary
-files are named by their writers (see `file_temporary`); modes are
-`file_access`'s concern.
+files are named by their writers (see `file_temporary`). Modes, and what is not
+a regular file at a chunk path, are `file_access`'s concern; the scan of the
+directory is `file_scan`'s.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ import os
 import re
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 
 from kvoffload.keys import OffloadKey
-from kvoffload.processes import TMP_SUFFIX, temporary_suffix
+from kvoffload.processes import temporary_suffix
 from kvoffload.tiers.secondary.codec import (
     CorruptChunkError,
     check_header,
@@ -46,21 +45,25 @@ from kvoffload.tiers.secondary.codec import (
 )
 from kvoffload.tiers.secondary.file_access import (
     PRIVATE_FILE_MODE,
+    check_regular,
     directory_mode,
     make_directories,
+    open_file,
     restrict_directory,
     set_file_mode,
 )
-from kvoffload.tiers.secondary.file_temporary import is_abandoned
+from kvoffload.tiers.secondary.file_scan import (
+    CHUNK_SUFFIX,
+    ScannedFile,
+    scan_chunk_files,
+)
 
 logger = logging.getLogger(__name__)
 
-CHUNK_SUFFIX = ".kvc"
 DELETING_SUFFIX = ".deleting"
 """A fingerprint directory renamed aside by `remove_all`, being deleted."""
 ALIGN = 4096
 """Payload offset, and the alignment direct I/O needs of lengths and addresses."""
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -74,12 +77,6 @@ def _delete_trees(paths: Sequence[str]) -> None:
 
     if paths:
         threading.Thread(target=run, name="kvoffload-file-delete", daemon=True).start()
-
-
-class ScannedFile(NamedTuple):
-    key: OffloadKey
-    size: int
-    mtime: float
 
 
 def payload_offset(key_len: int, fingerprint: str) -> int:
@@ -223,8 +220,8 @@ class ChunkFiles:
         as a temporary file, so a process killed here leaves nothing a later
         start does not remove."""
         probe = os.path.join(self.directory, f".probe{temporary_suffix()}")
-        flags = os.O_WRONLY | os.O_CREAT | _O_CLOEXEC
-        os.close(os.open(probe, flags, self._file_mode))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        os.close(open_file(probe, flags, self._file_mode))
         os.unlink(probe)
 
     @property
@@ -293,7 +290,7 @@ class ChunkFiles:
             fd = self._create(tmp, direct)
         try:
             try:
-                status = os.fstat(fd)
+                status = check_regular(fd, tmp)
                 set_file_mode(fd, status, self._file_mode)
                 if status.st_size != size:
                     os.ftruncate(fd, size)
@@ -315,7 +312,7 @@ class ChunkFiles:
         return nbytes
 
     def _create(self, tmp: str, direct: bool) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         return self._open(partial(self._open_creating_dirs, tmp), flags, direct)
 
     def _open(self, opener: Callable[[int], int], flags: int, direct: bool) -> int:
@@ -333,29 +330,37 @@ class ChunkFiles:
 
     def _open_creating_dirs(self, tmp: str, flags: int) -> int:
         try:
-            return os.open(tmp, flags, self._file_mode)
+            return open_file(tmp, flags, self._file_mode)
         except FileNotFoundError:
             make_directories(os.path.dirname(tmp), self._directory_mode)
-            return os.open(tmp, flags, self._file_mode)
+            return open_file(tmp, flags, self._file_mode)
 
     def _reuse(self, victim: OffloadKey, tmp: str, direct: bool) -> int | None:
-        """The evicted chunk's file, renamed to `tmp` and open for writing."""
+        """The evicted chunk's file, open for writing and renamed to `tmp`; or
+        `None` where it cannot be reused, its name then removed (the chunk is
+        evicted). Opened before the rename, so that only a regular file is
+        ever moved to the temporary name: a directory put there would make
+        every later write of this thread to that name fail."""
         source = self.path(victim)
         try:
+            fd = open_file(source, os.O_WRONLY | (_O_DIRECT if direct else 0))
+        except FileNotFoundError:
+            return None  # already gone (deleted by hand, say)
+        except OSError:
+            self.delete(victim)  # O_DIRECT refused, say: `_create` makes a file
+            return None
+        try:
+            check_regular(fd, source)
             try:
                 os.rename(source, tmp)
             except FileNotFoundError:
-                if not os.path.exists(source):
-                    return None  # already gone (deleted by hand, say)
                 make_directories(os.path.dirname(tmp), self._directory_mode)
                 os.rename(source, tmp)
         except OSError:
+            os.close(fd)
             self.delete(victim)
             return None
-        try:
-            return os.open(tmp, os.O_WRONLY | _O_CLOEXEC | (_O_DIRECT if direct else 0))
-        except OSError:
-            return None  # `_create` truncates it
+        return fd
 
     def read(self, key: OffloadKey, dest: Sequence[memoryview]) -> int:
         """Fill `dest`, in order, with the chunk's payload and check header and
@@ -363,17 +368,20 @@ class ChunkFiles:
 
         The lengths of `dest` sum to the expected payload length. Raises
         `CorruptChunkError` for a file that fails any check (the caller deletes
-        it), and `OSError` where the file could not be read, which says nothing
-        of its contents (`FileNotFoundError`: it is gone).
+        it), `NotAChunkFileError` for something other than a regular file (a
+        FIFO, say: never blocks), and `OSError` where the file could not be
+        read, which says nothing of its contents (`FileNotFoundError`: it is
+        gone).
         """
         payload = [part.cast("B") for part in dest]
         nbytes = sum(len(part) for part in payload)
         head = self._pages.get(payload_offset(len(key), self.fingerprint))
         expected = len(head) + nbytes
         direct = self._use_direct(payload)
-        fd = self._open_for_reading(self.path(key), direct)
+        path = self.path(key)
+        fd = self._open_for_reading(path, direct)
         try:
-            size = os.fstat(fd).st_size
+            size = check_regular(fd, path).st_size
             if size != expected:
                 raise CorruptChunkError(f"file has {size} bytes, expected {expected}")
             try:
@@ -392,10 +400,11 @@ class ChunkFiles:
         return nbytes
 
     def _open_for_reading(self, path: str, direct: bool) -> int:
-        return self._open(partial(_open_path, path), os.O_RDONLY | _O_CLOEXEC, direct)
+        return self._open(partial(open_file, path), os.O_RDONLY, direct)
 
     def delete(self, key: OffloadKey) -> None:
-        """Remove a chunk file; a missing file is fine, other errors are logged."""
+        """Remove a chunk file (an evicted chunk's name, whatever is there); a
+        missing file is fine, other errors are logged."""
         try:
             os.unlink(self.path(key))
         except FileNotFoundError:
@@ -443,41 +452,6 @@ class ChunkFiles:
         _delete_trees([os.path.join(root, e) for e in entries if name.fullmatch(e)])
 
     def scan(self, remove_abandoned: bool = False) -> Iterator[ScannedFile]:
-        """Every chunk file in place; with `remove_abandoned`, the temporary
-        files no live process is writing (`is_abandoned`) are removed.
-
-        An abandoned temporary file is what a process killed mid-write left
-        behind. Others may be writes in progress, of this process or of engines
-        sharing the directory (or starting their own tier), and are left alone.
-        """
-        now = time.time()
-        for dirpath, _dirnames, filenames in os.walk(self.directory):
-            for name in filenames:
-                full = os.path.join(dirpath, name)
-                if name.endswith(TMP_SUFFIX):
-                    if remove_abandoned:
-                        self._remove_if_abandoned(full, now)
-                    continue
-                if not name.endswith(CHUNK_SUFFIX):
-                    continue
-                try:
-                    key = OffloadKey(bytes.fromhex(name[: -len(CHUNK_SUFFIX)]))
-                except ValueError:
-                    continue
-                if not key or self.path(key) != full:
-                    continue
-                try:
-                    st = os.stat(full)
-                except OSError:
-                    continue
-                yield ScannedFile(key, st.st_size, st.st_mtime)
-
-    @staticmethod
-    def _remove_if_abandoned(path: str, now: float) -> None:
-        with contextlib.suppress(OSError):  # gone already: renamed into place, say
-            if is_abandoned(os.path.basename(path), os.stat(path).st_mtime, now):
-                os.unlink(path)
-
-
-def _open_path(path: str, flags: int) -> int:
-    return os.open(path, flags)
+        """Every chunk file in place; with `remove_abandoned`, the abandoned
+        temporary files are removed (see `scan_chunk_files`)."""
+        return scan_chunk_files(self.directory, self.path, remove_abandoned)

@@ -20,7 +20,8 @@ from typing import NamedTuple
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.secondary.base import Clock
 from kvoffload.tiers.secondary.executor import JobExecutor
-from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile
+from kvoffload.tiers.secondary.file_io import ChunkFiles
+from kvoffload.tiers.secondary.file_scan import ScannedFile
 
 logger = logging.getLogger(__name__)
 

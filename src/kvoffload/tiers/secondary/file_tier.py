@@ -4,8 +4,10 @@ Stores and loads run on a thread pool that writes from, and reads into, the host
 slots directly. The index lives on the scheduler thread and is rebuilt from the
 directory at start, so a restarted process finds the chunks of the previous run;
 with `rescan_interval_s`, engines sharing the directory also find each other's.
-A chunk failing any check on load is a miss and its file is deleted; a file that
-cannot be read for another reason (no free descriptors, say) fails that load only.
+A chunk failing any check on load is a miss and its file is deleted; something
+other than a regular file at its path (a FIFO, say) is a miss and is left in
+place; a file that cannot be read for another reason (no free descriptors, say)
+fails that load only.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from kvoffload.tiers.secondary.executor import (
     Task,
     split_indices,
 )
+from kvoffload.tiers.secondary.file_access import NotAChunkFileError
 from kvoffload.tiers.secondary.file_index import FileIndex
-from kvoffload.tiers.secondary.file_io import ChunkFiles, ScannedFile, chunk_file_size
+from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
 from kvoffload.tiers.secondary.file_rescan import Rescanner
+from kvoffload.tiers.secondary.file_scan import ScannedFile
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
@@ -429,6 +433,13 @@ class FileTier(SecondaryTier):
                 lost.append(i)
             except FileNotFoundError:
                 lost.append(i)  # evicted by an engine sharing the directory, say
+            except NotAChunkFileError as exc:
+                # Not a file this tier wrote (a FIFO, a directory, a link): a
+                # miss from now on, left in place, as it is not the tier's.
+                logger.warning(
+                    "%s: passing over %s: %s", self.name, self.chunk_path(key), exc
+                )
+                lost.append(i)
             except OSError as exc:
                 # No descriptors, memory or permission, an I/O error: nothing
                 # known to be wrong with the file, which a later load may read.

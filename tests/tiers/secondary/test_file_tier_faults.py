@@ -1,0 +1,284 @@
+"""Faults under the file tier: what is not a regular file at a chunk path, and
+permissions. Each ends in a miss or a counted failed store, never a hang, wrong
+bytes or an exception, and the tier goes on serving its other chunks.
+
+A tier that blocked on a FIFO would hang the test; the `fifos_released` fixture
+opens the other end of every FIFO at teardown, so that it fails instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kvoffload import LookupResult, OffloadKey
+from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
+from tests.tiers.secondary.secondary_support import (
+    CTX,
+    GROUPS,
+    Jobs,
+    key,
+    payload,
+    resolve,
+)
+from tests.tiers.secondary.test_file_tier import FILE_SIZE, open_failing, tier_at
+
+KINDS = ["fifo", "socket", "directory", "symlink-to-fifo", "device"]
+IS_ROOT = os.geteuid() == 0
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fifos_released(tmp_path: Path) -> Iterator[None]:
+    yield
+    # A few rounds: a thread woken from one open may retry it (without O_DIRECT).
+    for _ in range(5):
+        for path in fifos_under(tmp_path):
+            for flags in (os.O_RDONLY, os.O_WRONLY):
+                # A writer fails without a reader: then nobody is blocked on it.
+                with contextlib.suppress(OSError):
+                    os.close(os.open(path, flags | os.O_NONBLOCK))
+        threading.Event().wait(0.02)
+
+
+def fifos_under(root: Path) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            if stat.S_ISFIFO(os.lstat(path).st_mode):
+                found.append(path)
+    return found
+
+
+def make_entry(path: Path, kind: str, elsewhere: Path) -> None:
+    """Put something of `kind`, not a regular file, at `path`."""
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "socket":
+        os.mknod(path, 0o600 | stat.S_IFSOCK)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "symlink-to-fifo":
+        target = elsewhere / "a.fifo"
+        os.mkfifo(target, 0o600)
+        path.symlink_to(target)
+    else:
+        make_device(path)
+
+
+def make_device(path: Path) -> None:
+    """A character device with /dev/null's numbers, where this may be made and
+    opened (root, a file system without `nodev`, no device cgroup in the way)."""
+    try:
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        pytest.skip(f"cannot make and open a device node here: {exc}")
+
+
+def kind_of(path: Path) -> str:
+    return stat.filemode(os.lstat(path).st_mode)[0]
+
+
+def store(tier: FileTier, buffer: ArrayChunkBuffer, ids: list[int]) -> list[bool]:
+    """Store chunks one job each; whether each was stored."""
+    jobs = Jobs(tier)
+    done = []
+    for i in ids:
+        buffer.slot_view(0)[: GROUPS[0]] = payload(key(i), GROUPS[0])
+        done.append(jobs.store([key(i)], [0], timeout_s=5.0).success)
+    return done
+
+
+def loads_intact(tier: FileTier, buffer: ArrayChunkBuffer, k: OffloadKey) -> bool:
+    if not Jobs(tier).load([k], [7], timeout_s=5.0).success:
+        return False
+    return bytes(buffer.slot_view(7)[: GROUPS[0]]) == payload(k, GROUPS[0])
+
+
+# -- not a regular file ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_non_regular_file_at_a_chunk_path_is_a_miss_and_is_left_in_place(
+    tmp_path: Path, buffer: ArrayChunkBuffer, kind: str, fifos_released: None
+) -> None:
+    """Scenario: the file of a stored chunk is replaced by a FIFO, a socket, a
+    directory, a symbolic link to a FIFO or a device. Its load is a miss (the
+    other chunk of the job loads) and never blocks, nor do `drain` and
+    `shutdown`; the entry is not the tier's to delete and stays; the chunk,
+    stored again, replaces it (a directory excepted: that store fails, counted)."""
+    tier = tier_at(tmp_path / "tier", buffer)
+    store(tier, buffer, [1, 2])
+    path = Path(tier.chunk_path(key(1)))
+    make_entry(path, kind, tmp_path)
+    before = kind_of(path)
+    result = Jobs(tier).load([key(1), key(2)], [3, 4], timeout_s=5.0)
+    assert result.failed_keys == (key(1),)
+    assert bytes(buffer.slot_view(4)[: GROUPS[0]]) == payload(key(2), GROUPS[0])
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert kind_of(path) == before
+    assert store(tier, buffer, [1]) == [kind != "directory"]
+    if kind != "directory":
+        assert loads_intact(tier, buffer, key(1))
+    assert tier.get_stats().failures == 1 + (kind == "directory")
+    assert loads_intact(tier, buffer, key(2))
+    tier.drain()
+    tier.shutdown()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_evicted_chunks_path_holding_a_non_regular_file_never_blocks_a_store(
+    tmp_path: Path, buffer: ArrayChunkBuffer, kind: str, fifos_released: None
+) -> None:
+    """Scenario: on a full tier, the file of the chunk to evict (whose file a
+    store reuses) was replaced by something else: the store writes a new file
+    instead and succeeds, and the evicted chunk's name is cleared (a directory
+    cannot be, and stays)."""
+    tier = tier_at(tmp_path / "tier", buffer, capacity=2 * FILE_SIZE)
+    store(tier, buffer, [1, 2])
+    path = Path(tier.chunk_path(key(1)))
+    make_entry(path, kind, tmp_path)
+    assert store(tier, buffer, [3]) == [True]
+    assert tier.get_stats().evictions == 1
+    assert resolve(tier, key(1)) is LookupResult.MISS
+    assert loads_intact(tier, buffer, key(3))
+    assert loads_intact(tier, buffer, key(2))
+    assert os.path.lexists(path) == (kind == "directory")
+    tier.shutdown()
+
+
+def test_restart_and_rescans_pass_over_non_regular_files_and_leave_them(
+    tmp_path: Path, buffer: ArrayChunkBuffer, fifos_released: None
+) -> None:
+    """Scenario: a directory shared by engines holds, at chunk paths, a FIFO, a
+    socket, a directory, and a symbolic link to a good chunk file elsewhere.
+    An engine starting on it, and its rescans, index none of them and delete
+    none of them, and find the regular chunk files beside them."""
+    root = tmp_path / "tier"
+    writer = tier_at(root, buffer)
+    store(writer, buffer, [1, 2, 3, 4, 5])
+    copy = tmp_path / "copy.kvc"
+    shutil.copy(writer.chunk_path(key(4)), copy)
+    entries = {i: Path(writer.chunk_path(key(i))) for i in (1, 2, 3, 4)}
+    for i, kind in zip((1, 2, 3), ("fifo", "socket", "directory"), strict=True):
+        make_entry(entries[i], kind, tmp_path)
+    entries[4].unlink()
+    entries[4].symlink_to(copy)
+    kinds = {i: kind_of(p) for i, p in entries.items()}
+
+    clock = ManualClock()
+    reader = tier_at(root, buffer, rescan_interval_s=1.0, clock=clock)
+    assert [reader.lookup(key(i), CTX) for i in (1, 2, 3, 4, 5)] == [
+        LookupResult.MISS
+    ] * 4 + [LookupResult.HIT]
+    store(writer, buffer, [6])
+
+    def found() -> bool:
+        clock.now += 1.0  # a rescan is due at each step
+        return reader.lookup(key(6), CTX) is LookupResult.HIT
+
+    step_until(found, reader)
+    assert [reader.lookup(key(i), CTX) for i in (1, 2, 3, 4)] == [LookupResult.MISS] * 4
+    assert {i: kind_of(p) for i, p in entries.items()} == kinds
+    for tier in (reader, writer):
+        tier.shutdown()
+
+
+# -- permissions -----------------------------------------------------------------
+
+
+def deny_writes_in(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Take away this user's write permission on `directory`. Root is not
+    stopped by permissions: for root, creating a file there fails as it would."""
+    os.chmod(directory, 0o500)
+    if not IS_ROOT:
+        return
+    real_open = os.open
+
+    def open_(path: str, flags: int, *args: int, **kw: int) -> int:
+        if os.path.dirname(path) == str(directory) and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", open_)
+
+
+def id_in_the_directory_of(i: int) -> int:
+    """Another chunk id whose file goes in the same directory as chunk `i`'s."""
+    prefix = key(i).hex()[:3]
+    return next(j for j in range(i + 1, 1 << 20) if key(j).hex()[:3] == prefix)
+
+
+def test_an_unreadable_chunk_file_fails_its_load_counted_and_serving_continues(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a chunk file this user may not read (mode 000): its load fails
+    and is counted, the file is kept (nothing says it is wrong), and the other
+    chunks load and store as before."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1, 2])
+    path = tier.chunk_path(key(1))
+    os.chmod(path, 0)
+    if IS_ROOT:
+        open_failing(monkeypatch, path, errno.EACCES)
+    assert Jobs(tier).load([key(1), key(2)], [3, 4]).failed_keys == (key(1),)
+    assert tier.get_stats().failures == 1
+    assert os.path.exists(path)
+    assert loads_intact(tier, buffer, key(2))
+    assert store(tier, buffer, [3]) == [True]
+    assert loads_intact(tier, buffer, key(3))
+    tier.shutdown()
+
+
+def test_an_unwritable_directory_fails_its_stores_counted_and_serving_continues(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: one of the tier's directories loses its write permission: a
+    chunk whose file goes there is not stored (counted in `failures`) and is a
+    miss; the chunks already there load, and chunks of other directories store."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, [1])
+    directory = Path(tier.chunk_path(key(1))).parent
+    deny_writes_in(monkeypatch, directory)
+    try:
+        same = id_in_the_directory_of(1)
+        assert store(tier, buffer, [same]) == [False]
+        assert tier.get_stats().failures == 1
+        assert resolve(tier, key(same)) is LookupResult.MISS
+        assert loads_intact(tier, buffer, key(1))
+        other = next(j for j in range(2, 100) if key(j).hex()[:3] != key(1).hex()[:3])
+        assert store(tier, buffer, [other]) == [True]
+        assert loads_intact(tier, buffer, key(other))
+    finally:
+        os.chmod(directory, 0o700)
+    tier.shutdown()
+
+
+def step_until(done: Callable[[], bool], tier: FileTier) -> None:
+    """Step the tier as the scheduler does until `done()`, giving its rescan
+    thread (rescans, measures of the free space) time to run."""
+    for _ in range(2000):
+        if done():
+            return
+        tier.get_finished_jobs()
+        threading.Event().wait(0.005)
+    raise AssertionError("the tier's rescan thread never got there")
