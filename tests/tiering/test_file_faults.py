@@ -130,12 +130,13 @@ def check_no_partial_files_after_enospc(path: Path, ids: list[int]) -> None:
     m.shutdown()
 
 
-def test_disk_full_write_errors_fail_the_store_and_serving_continues(
+def test_disk_full_write_errors_skip_the_store_and_serving_continues(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scenario: every write from the tier's threads hits ENOSPC partway: the
-    stores fail and are counted, the chunks stay readable in the primary tier,
-    no partial file is left, and once space returns stores succeed."""
+    stores are skipped and counted (as on a full tier, not as failures), the
+    chunks stay readable in the primary tier, no partial file is left, and once
+    space returns stores succeed."""
     real_pwritev = os.pwritev
     disk_full = threading.Event()
     disk_full.set()
@@ -152,7 +153,8 @@ def test_disk_full_write_errors_fail_the_store_and_serving_continues(
     m.on_new_request(W)
     engine.store(keys(1, 2), W)
     engine.settle()
-    assert m.get_stats()["file"].failures == 2
+    stats = m.get_stats()["file"]
+    assert (stats.store_skipped, stats.failures) == (2, 0)
     engine.load(keys(1, 2), W)  # the primary tier still serves them
     disk_full.clear()
     engine.store(keys(3), W)
@@ -180,16 +182,21 @@ def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 def test_real_enospc_on_a_tiny_tmpfs(tmp_path: Path) -> None:
-    """Scenario: a 64 KiB file system under a tier configured for 1 MiB: writes
-    beyond the space fail with ENOSPC; what was stored loads back intact."""
+    """Scenario: a 64 KiB file system under a tier configured for 1 MiB: the
+    tier holds what the file system does (its capacity gauge says so), stores
+    beyond it are skipped and counted, none fails, and what was stored loads
+    back intact, before and after a restart."""
     ids = list(range(1, 11))
+    file_size = chunk_file_size(36, FINGERPRINT, 8192)
     with tiny_tmpfs(tmp_path / "small", "64k") as small:
         m, engine, _ = file_engine(small, capacity="1MiB", num_chunks=16, slot=8192)
+        assert m.get_stats()["file"].capacity == 65536 // file_size
         m.on_new_request(W)
         engine.store(keys(*ids), W)
         engine.settle()
         stats = m.get_stats()["file"]
-        assert stats.failures > 0 and stats.chunks_stored + stats.failures == len(ids)
+        assert stats.failures == 0 and stats.store_skipped > 0
+        assert stats.chunks_stored + stats.store_skipped == len(ids)
         engine.load(keys(*ids), W)
         m.shutdown()
         assert not [f for f in chunk_files(small) if f.endswith(".tmp")]

@@ -1,6 +1,7 @@
-"""Faults under the file tier: what is not a regular file at a chunk path, and
-permissions. Each ends in a miss or a counted failed store, never a hang, wrong
-bytes or an exception, and the tier goes on serving its other chunks.
+"""Faults under the file tier: what is not a regular file at a chunk path, a disk
+smaller than the capacity, and permissions. Each ends in a miss, a counted
+store (skipped or failed) or a lowered capacity, never a hang, wrong bytes or
+an exception, and the tier goes on serving its other chunks.
 
 A tier that blocked on a FIFO would hang the test; the `fifos_released` fixture
 opens the other end of every FIFO at teardown, so that it fails instead.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import stat
@@ -21,6 +23,8 @@ import pytest
 
 from kvoffload import LookupResult, OffloadKey
 from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier
+from kvoffload.tiers.secondary.file_space import RECHECK_S
+from tests.tiering.test_file_faults import tiny_tmpfs
 from tests.tiers.secondary.secondary_support import (
     CTX,
     GROUPS,
@@ -271,6 +275,157 @@ def test_an_unwritable_directory_fails_its_stores_counted_and_serving_continues(
     finally:
         os.chmod(directory, 0o700)
     tier.shutdown()
+
+
+# -- a disk smaller than the capacity --------------------------------------------
+
+
+class SmallDisk:
+    """A file system under `root` with room for `files` chunk files: a write
+    to a file not yet given space fails with `error` once that many are on
+    it. A file's space is its own until it is deleted, so rewriting a file
+    (the tier reusing an evicted chunk's) always fits."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, root: Path, files: int, error: int
+    ) -> None:
+        self.root, self.files, self.error = root, files, error
+        self.allocated: set[int] = set()
+        self._lock = threading.Lock()
+        self._pwritev = os.pwritev
+        monkeypatch.setattr(os, "pwritev", self.pwritev)
+
+    def _inodes_on_disk(self) -> set[int]:
+        inodes = set()
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                    inodes.add(os.lstat(os.path.join(dirpath, name)).st_ino)
+        return inodes
+
+    def pwritev(self, fd: int, buffers: list[memoryview], offset: int) -> int:
+        inode = os.fstat(fd).st_ino
+        with self._lock:
+            if inode not in self.allocated:
+                holding = self.allocated & self._inodes_on_disk()
+                if len(holding) >= self.files:
+                    raise OSError(self.error, os.strerror(self.error))
+                self.allocated.add(inode)
+        return self._pwritev(fd, buffers, offset)
+
+
+def space_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "capacity lowered" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
+def test_a_disk_smaller_than_the_capacity_lowers_it_and_stores_go_on(
+    tmp_path: Path,
+    buffer: ArrayChunkBuffer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: int,
+) -> None:
+    """Scenario: a tier configured for 16 chunk files on a disk (or quota) with
+    room for 4. The fifth store finds no room: it is skipped (not a failure),
+    the capacity drops to what the disk held less that store (3 files), one
+    warning says so, and the gauge shows it. Every later store evicts by the
+    tier's policy to make room and succeeds; the newest chunks load intact.
+    Once a measure of the free space says there is room again (`RECHECK_S`
+    later), the capacity goes back up; past the real limit, the next store
+    that finds no room lowers it again, with no second warning."""
+    clock = ManualClock()
+    tier = tier_at(tmp_path, buffer, capacity=16 * FILE_SIZE, clock=clock)
+    assert tier.get_stats().capacity == 16
+    SmallDisk(monkeypatch, tmp_path, 4, error)
+    assert store(tier, buffer, list(range(1, 11))) == [True] * 4 + [False] + [True] * 5
+    stats = tier.get_stats()
+    assert (stats.store_skipped, stats.failures, stats.capacity) == (1, 0, 3)
+    assert tier.capacity_bytes == 3 * FILE_SIZE >= tier.used_bytes
+    assert [resolve(tier, key(i)) for i in (8, 9, 10)] == [LookupResult.HIT] * 3
+    assert all(loads_intact(tier, buffer, key(i)) for i in (8, 9, 10))
+    assert len(space_warnings(caplog)) == 1
+
+    clock.now += RECHECK_S  # the real file system has room: back to 16
+    step_until(lambda: tier.get_stats().capacity == 16, tier)
+    assert store(tier, buffer, [11, 12]) == [True, False]
+    assert tier.get_stats().capacity < 16
+    assert store(tier, buffer, [13]) == [True]
+    assert len(space_warnings(caplog)) == 1
+    tier.shutdown()
+
+
+def test_a_disk_with_no_room_at_all_skips_stores_until_room_comes_back(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: other data fills the disk before the tier stores anything:
+    every store is skipped and counted, the capacity stays at one chunk file
+    (never none, or the tier could not learn that space came back), and once
+    the disk has room a store succeeds."""
+    tier = tier_at(tmp_path, buffer, capacity=16 * FILE_SIZE)
+    disk = SmallDisk(monkeypatch, tmp_path, 0, errno.ENOSPC)
+    assert store(tier, buffer, [1, 2]) == [False, False]
+    stats = tier.get_stats()
+    assert (stats.store_skipped, stats.failures, stats.capacity) == (2, 0, 1)
+    disk.files = 1
+    assert store(tier, buffer, [3]) == [True]
+    assert loads_intact(tier, buffer, key(3))
+    tier.shutdown()
+
+
+def test_a_file_too_large_for_the_file_system_is_skipped_and_keeps_the_capacity(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a write fails with EFBIG (a file-size limit): eviction cannot
+    help, so the store is skipped and counted, the capacity stays."""
+    tier = tier_at(tmp_path, buffer, capacity=16 * FILE_SIZE)
+    store(tier, buffer, [1])
+    SmallDisk(monkeypatch, tmp_path, 0, errno.EFBIG)
+    assert store(tier, buffer, [2]) == [False]
+    stats = tier.get_stats()
+    assert (stats.store_skipped, stats.failures, stats.capacity) == (1, 0, 16)
+    assert loads_intact(tier, buffer, key(1))
+    tier.shutdown()
+
+
+def test_a_real_small_file_system_fills_up_and_stores_go_on(
+    tmp_path: Path, buffer: ArrayChunkBuffer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scenario: a tier configured for 1 MiB on a real 64 KiB file system (a
+    tmpfs; skipped where one cannot be mounted). At start the capacity is what
+    the file system holds (8 files); another program then takes half of it.
+    Stores go on: the first that finds no room is skipped and lowers the
+    capacity, later ones evict, nothing fails and the newest chunks load
+    intact. When the other program's file goes, a measure of the free space
+    raises the capacity again."""
+    with tiny_tmpfs(tmp_path / "small", "64k") as small:
+        clock = ManualClock()
+        tier = tier_at(small, buffer, capacity=1 << 20, clock=clock)
+        assert tier.get_stats().capacity == 65536 // FILE_SIZE
+        ballast = small / "other-program.data"
+        ballast.write_bytes(b"x" * 32768)
+        ids = list(range(1, 13))
+        stored = store(tier, buffer, ids)
+        stats = tier.get_stats()
+        assert stats.failures == 0 and stats.store_skipped == stored.count(False) >= 1
+        assert stats.capacity * FILE_SIZE + 32768 <= 65536
+        newest = [i for i, ok in zip(ids, stored, strict=True) if ok][
+            -stats.occupancy :
+        ]
+        assert newest[-1] == 12
+        assert all(loads_intact(tier, buffer, key(i)) for i in newest)
+        assert len(space_warnings(caplog)) == 1
+
+        ballast.unlink()
+        clock.now += RECHECK_S
+        lowered = stats.capacity
+        step_until(lambda: tier.get_stats().capacity > lowered, tier)
+        assert tier.get_stats().capacity == 65536 // FILE_SIZE
+        tier.shutdown()
 
 
 def step_until(done: Callable[[], bool], tier: FileTier) -> None:

@@ -22,7 +22,11 @@ class Reservation(NamedTuple):
 
 
 class FileIndex:
-    """Sizes of reserved and readable chunk files under a byte capacity."""
+    """Sizes of reserved and readable chunk files under a byte capacity.
+
+    `capacity_bytes` may change (the tier lowers it where the disk holds less,
+    see `file_space`): nothing is evicted then, the next `reserve` evicts down
+    to it."""
 
     def __init__(self, capacity_bytes: int, policy: EvictionPolicy) -> None:
         self.capacity_bytes = capacity_bytes
@@ -69,8 +73,8 @@ class FileIndex:
         victims: list[OffloadKey] = []
         while deficit > 0:
             # One victim at a time: the policy knows no sizes, and the first
-            # may free enough (used bytes stay within capacity, so the deficit
-            # is at most `size`).
+            # may free enough (the deficit is at most `size` unless the
+            # capacity was lowered below the bytes used: see `file_space`).
             got = self._policy.evict(1, (key,), self._evictable)
             assert got, "evictable bytes counted but no chunk evictable"
             victim = got[0]

@@ -7,7 +7,8 @@ with `rescan_interval_s`, engines sharing the directory also find each other's.
 A chunk failing any check on load is a miss and its file is deleted; something
 other than a regular file at its path (a FIFO, say) is a miss and is left in
 place; a file that cannot be read for another reason (no free descriptors, say)
-fails that load only.
+fails that load only. A disk that runs out of space lowers the tier's capacity
+(`file_space`): later stores evict to make room.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.tiers.secondary.file_scan import ScannedFile
+from kvoffload.tiers.secondary.file_space import (
+    NO_SPACE_ERRNOS,
+    TOO_BIG_ERRNOS,
+    TierSpace,
+)
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
@@ -63,6 +69,23 @@ class _JobRecord:
     """Keys failed before any I/O: no room or an evicted file still being
     deleted (store), not readable (load)."""
     victims: tuple[OffloadKey, ...] = ()
+
+
+def _chunk_files(config: FileTierConfig, fingerprint: str) -> ChunkFiles:
+    """The tier's directory, made (privately) and found writable."""
+    try:
+        files = ChunkFiles(
+            config.path, fingerprint, config.fsync, file_mode=config.file_mode
+        )
+        files.check_writable()
+    except OSError as exc:
+        # Every store would fail: a setting to fix before serving.
+        raise ValueError(
+            f"file tier {config.name!r}: path: {config.path!r} is not usable "
+            f"({exc}); expected a directory this process can create and "
+            "write files in"
+        ) from exc
+    return files
 
 
 class FileTier(SecondaryTier):
@@ -87,25 +110,16 @@ class FileTier(SecondaryTier):
         fingerprint = validate_fingerprint(fingerprint)
         # The largest chunk file (a whole slot); a tier that cannot hold one
         # could never serve a prefix, so it is a start-up error, not a silent miss.
-        largest = chunk_file_size(_KEY_LEN, fingerprint, buffer.slot_nbytes)
+        largest = self._largest = chunk_file_size(
+            _KEY_LEN, fingerprint, buffer.slot_nbytes
+        )
         if config.capacity_bytes < largest:
             raise ValueError(
                 f"file tier {config.name!r}: capacity: {config.capacity_bytes!r} "
                 "bytes cannot hold one chunk file of this model and layout; "
                 f"expected at least {largest} bytes"
             )
-        try:
-            self._files = ChunkFiles(
-                config.path, fingerprint, config.fsync, file_mode=config.file_mode
-            )
-            self._files.check_writable()
-        except OSError as exc:
-            # Every store would fail: a setting to fix before serving.
-            raise ValueError(
-                f"file tier {config.name!r}: path: {config.path!r} is not usable "
-                f"({exc}); expected a directory this process can create and "
-                "write files in"
-            ) from exc
+        self._files = _chunk_files(config, fingerprint)
         self._files.remove_leftovers()
         self._capacity_chunks = config.capacity_bytes // largest
         self._index = FileIndex(
@@ -125,11 +139,22 @@ class FileTier(SecondaryTier):
             if config.rescan_interval_s
             else None
         )
+        self._space = TierSpace(
+            config.name, self._files.directory, config.capacity_bytes, largest, clock
+        )
+        self._space.start(self.used_bytes)
+        self._index.capacity_bytes = self._space.capacity_bytes
 
     @property
     def used_bytes(self) -> int:
         """Bytes of chunk files present or being written."""
         return self._index.used_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The capacity in force: the configured one, or less where the file
+        system holds less (see `file_space`)."""
+        return self._space.capacity_bytes
 
     def chunk_path(self, key: OffloadKey) -> str:
         """Where the file of `key` lives (whether or not it exists)."""
@@ -301,6 +326,8 @@ class FileTier(SecondaryTier):
     def get_finished_jobs(self) -> list[TierJobResult]:
         if self._rescan is not None:
             self._adopt_shared(self._rescan)
+        self._space.poll(self._index.used_bytes, self._rescans.submit_call)
+        self._index.capacity_bytes = self._space.capacity_bytes
         out = []
         for result in self._executor.take_finished():
             record = self._jobs.pop(result.job_id)
@@ -321,10 +348,14 @@ class FileTier(SecondaryTier):
         for key in failed:
             self._index.commit(key, False)
         self._index.deleted(record.victims)
+        self._space.job_done(record.job.job_id, self._index.used_bytes)
+        self._index.capacity_bytes = self._space.capacity_bytes
         stats = self._stats
         stats.chunks_stored += len(stored)
         stats.bytes_stored += result.num_bytes
-        stats.failures += len(failed)
+        # No room on the disk: skipped, as on a full tier, not failed.
+        stats.store_skipped += len(result.full)
+        stats.failures += len(failed) - len(result.full)
         stats.transfer_seconds += result.seconds
         self._record_event(stored, False)
         return TierJobResult(
@@ -386,14 +417,23 @@ class FileTier(SecondaryTier):
         self._rescans.shutdown()
 
     def get_stats(self) -> TierStats:
-        return replace(self._stats, occupancy=self._index.num_readable)
+        return replace(
+            self._stats,
+            occupancy=self._index.num_readable,
+            capacity=self._space.capacity_bytes // self._largest,
+        )
 
     # -- on I/O threads ----------------------------------------------------------
 
     def _write_batch(
         self, job: TierJob, indices: tuple[int, ...], recycle: dict[int, OffloadKey]
     ) -> BatchOutcome:
+        """Write the chunks at `indices`. A write the disk has no room for is
+        `full` (a skipped store) and its bytes are noted for `_finish_store`,
+        which lowers the capacity; any other error fails the store."""
         failed: list[int] = []
+        full: list[int] = []
+        no_space = 0
         errors: list[OSError] = []
         num_bytes = 0
         for i in indices:
@@ -403,7 +443,17 @@ class FileTier(SecondaryTier):
                 num_bytes += self._files.write(key, views, recycle.get(i))
             except OSError as exc:
                 failed.append(i)
-                errors.append(exc)
+                if exc.errno in NO_SPACE_ERRNOS:
+                    no_space += self._file_size(key)
+                    full.append(i)
+                elif exc.errno in TOO_BIG_ERRNOS:
+                    full.append(i)
+                else:
+                    errors.append(exc)
+        if no_space:
+            self._space.note_no_space(job.job_id, no_space)
+        if full:
+            logger.debug("%s: %d chunk writes found no room", self.name, len(full))
         if errors:
             logger.warning(
                 "%s: %d of %d chunk writes failed (first: %s)",
@@ -412,7 +462,7 @@ class FileTier(SecondaryTier):
                 len(indices),
                 errors[0],
             )
-        return BatchOutcome(failed, num_bytes)
+        return BatchOutcome(failed, num_bytes, full=full)
 
     def _read_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
         """Read the chunks at `indices`. A file failing a check is deleted and,
