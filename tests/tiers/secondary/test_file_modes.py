@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.tiers.secondary import ArrayChunkBuffer
+from kvoffload.tiers.secondary import ArrayChunkBuffer, file_access
 from tests.tiers.secondary.secondary_support import FINGERPRINT, key
 from tests.tiers.secondary.test_file_tier import FILE_SIZE, store, tier_at
 
@@ -157,3 +157,35 @@ def test_an_existing_directory_of_the_user_is_left_as_it_is_above_the_tiers_own(
     assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / FINGERPRINT).stat().st_mode) == 0o700
     tier.shutdown()
+
+
+def test_a_file_system_refusing_chmod_still_gets_nothing_more_open_than_asked(
+    tmp_path: Path,
+    buffer: ArrayChunkBuffer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: a file system where `chmod` fails (vfat, some network ones),
+    under umask 0: the tier starts and stores, one warning says so, and what it
+    made is no more open than the modes it asked `mkdir` and `open` for."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refused)
+    monkeypatch.setattr(os, "fchmod", refused)
+    monkeypatch.setattr(file_access, "_warned", False)
+    before = os.umask(0)
+    try:
+        tier = tier_at(tmp_path / "kv", buffer)
+        store(tier, buffer, [1, 2])
+        tier.shutdown()
+    finally:
+        os.umask(before)
+    modes = modes_under(tmp_path)
+    assert modes and all(
+        mode == (0o600 if path.endswith(".kvc") else 0o700)
+        for path, mode in modes.items()
+    ), modes
+    warnings = [r for r in caplog.records if "cannot set mode" in r.getMessage()]
+    assert len(warnings) == 1

@@ -4,19 +4,24 @@ never an open that blocks or follows a link.
 Chunk files hold KV caches, from which prompts can be recovered, so directories
 are made 0700 and files 0600 (0770 and 0660 with `file_mode: "0660"`, for
 engines of different users sharing a directory through a group). The modes are
-set explicitly after creation: `open` and `mkdir` only ask for a mode, which
-the umask can then strip bits from, but never add to. Chunk files are opened
-with `O_NONBLOCK | O_NOFOLLOW` and checked to be regular files: a FIFO, socket,
-device, directory or symbolic link where a chunk file should be raises
-`NotAChunkFileError`; opening a FIFO without it would block the I/O thread, and
-`drain` and `shutdown` with it, until some other process opened its other end.
+set explicitly after creation: `open` and `mkdir` only ask for a mode, which the
+umask can then strip bits from, but never add to (so where a file system refuses
+`chmod`, what the tier made is still no more open than asked: one warning, and
+it goes on). Chunk files are opened with `O_NONBLOCK | O_NOFOLLOW` and checked
+to be regular files: a FIFO, socket, device, directory or symbolic link where a
+chunk file should be raises `NotAChunkFileError`; opening a FIFO without it
+would block the I/O thread, and `drain` and `shutdown` with it, until some other
+process opened its other end.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+
+logger = logging.getLogger(__name__)
 
 PRIVATE_FILE_MODE = 0o600
 GROUP_FILE_MODE = 0o660
@@ -85,7 +90,10 @@ def set_file_mode(fd: int, status: os.stat_result, mode: int) -> None:
     """Give the open file exactly `mode` where it has another (the umask took
     bits, or the file was made by an older version or another program)."""
     if stat.S_IMODE(status.st_mode) != mode:
-        os.fchmod(fd, mode)
+        try:
+            os.fchmod(fd, mode)
+        except OSError as exc:
+            _not_set(f"file descriptor {fd}", mode, exc)
 
 
 def make_directories(path: str, mode: int) -> None:
@@ -122,5 +130,27 @@ def restrict_directory(path: str, mode: int) -> None:
 
 
 def _chmod_directory(path: str, mode: int) -> None:
-    inherited = os.stat(path).st_mode & stat.S_ISGID
-    os.chmod(path, mode | inherited)
+    try:
+        inherited = os.stat(path).st_mode & stat.S_ISGID
+        os.chmod(path, mode | inherited)
+    except OSError as exc:
+        _not_set(path, mode, exc)
+
+
+_warned = False
+
+
+def _not_set(what: str, mode: int, exc: OSError) -> None:
+    """A mode the file system would not set (vfat, some network file systems):
+    logged once per process, as it says the same of every file after."""
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning(
+            "cannot set mode %o on %s (%s): new files and directories are no "
+            "more open than that, but ones made earlier keep their modes; "
+            "check the file system's permissions (this warning is not repeated)",
+            mode,
+            what,
+            exc,
+        )
