@@ -364,7 +364,7 @@ class RedisTierConfig:
             rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_BACKOFF_S)
         if self.backoff_max_s < self.backoff_initial_s:
             # Named by the setting the user changed: either may be the default.
-            if self.backoff_initial_s != RedisTierConfig.backoff_initial_s:
+            if self.backoff_max_s == RedisTierConfig.backoff_max_s:
                 raise ValueError(
                     f"backoff_initial_s: {self.backoff_initial_s!r} must be <= "
                     f"backoff_max_s ({self.backoff_max_s!r})"
