@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.config import parse_size
+from kvoffload.config import parse_size, shown
 
 
 @pytest.mark.parametrize(
@@ -15,9 +15,10 @@ from kvoffload.config import parse_size
         ("64GiB", 64 * 2**30),
         ("1.5 KiB", 1536),
         ("2mb", 2 * 10**6),
-        # Exact, not through a float: no rounding, no overflow to infinity.
-        ("18446744073709551617", 2**64 + 1),
-        ("1" + "0" * 400 + "B", 10**400),
+        # Exact, not through a float: no rounding.
+        ("9223372036854775807", 2**63 - 1),
+        ("8388607.5TiB", 2**63 - 2**39),
+        ("0" * 5000 + "1GiB", 2**30),  # int() raises past 4,300 digits
         ("1.5GiB", 3 * 2**29),
         ("0.5KiB", 512),
     ],
@@ -52,3 +53,26 @@ def test_a_size_takes_ascii_digits_only(value: str) -> None:
     Unicode-aware pattern read as "10GiB" or "64GiB"."""
     with pytest.raises(ValueError, match=r"cpu_bytes_to_use: cannot parse"):
         parse_size(value, "cpu_bytes_to_use")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        2**63,
+        "9223372036854775808",
+        "18446744073709551617",
+        "1" + "0" * 400 + "B",
+        1e300,
+        10**5000,  # repr() raises past Python's int-str digit limit
+        "9" * 5000,  # int() raises there
+    ],
+    ids=lambda value: shown(value)[:30],
+)
+def test_a_size_past_what_any_memory_or_disk_holds_is_refused(value: object) -> None:
+    """Scenario: sizes of 2**64 bytes and more, an int of 5,000 digits and a
+    string of 5,000 digits: each a short error naming the field, never an
+    error from Python's int conversion."""
+    with pytest.raises(ValueError, match=r"^cpu_bytes_to_use: ") as caught:
+        parse_size(value, "cpu_bytes_to_use")
+    assert "int_max_str_digits" not in str(caught.value)
+    assert len(str(caught.value)) < 400

@@ -43,16 +43,19 @@ def test_max_defer_s_too_large_for_a_float_is_a_value_error(value: int) -> None:
         ),
         (
             {"hash_block_tokens": False},
-            r"hash_block_tokens must be an int >= 1, got False",
+            r"hash_block_tokens must be an int >= 1 \(up to 2\*\*63 - 1\), got False",
         ),
         (
             {"engine_prefix_caching": "no"},
             r"engine_prefix_caching must be true or false",
         ),
-        ({"null_block_id": -1}, r"null_block_id must be an int >= 0 or None, got -1"),
+        (
+            {"null_block_id": -1},
+            r"null_block_id must be an int >= 0 \(up to .*\) or None, got -1",
+        ),
         (
             {"null_block_id": True},
-            r"null_block_id must be an int >= 0 or None, got True",
+            r"null_block_id must be an int >= 0 \(up to .*\) or None, got True",
         ),
     ],
 )

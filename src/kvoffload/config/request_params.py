@@ -9,23 +9,16 @@ in a list of tiers, only its bad entries are, unless none is good.
 from __future__ import annotations
 
 import logging
-import reprlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kvoffload.config.shapes import shown
 
 logger = logging.getLogger(__name__)
 
 MEDIA = ("cpu", "storage")
 LOCALITIES = ("local", "remote")
-
-# How much of a bad value a warning shows: enough to recognise it, never a
-# log line as long as what a client sent.
-_MAX_SHOWN = 100
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = _REPR.maxlong = _MAX_SHOWN
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
-_REPR.maxlevel = 3
 
 
 @dataclass(frozen=True)
@@ -79,7 +72,7 @@ class RequestParams:
             logger.warning(
                 "request %s: ignoring kv_transfer_params=%s (expected a mapping)",
                 req_id,
-                _shown(params),
+                shown(params),
             )
             return cls()
         if not params:
@@ -103,7 +96,7 @@ def _token_cap(req_id: str, params: Mapping[str, Any], name: str) -> int | None:
         "request %s: ignoring %s=%s (expected a non-negative int or null)",
         req_id,
         name,
-        _shown(raw),
+        shown(raw),
     )
     return None
 
@@ -162,7 +155,7 @@ def _warn_tiers(
     tier_names: Collection[str] | None,
 ) -> None:
     """One warning for `name`: its bad entries are ignored, or (`bad=None`) all of it."""
-    what = "" if bad is None else f"{_shown(bad)} in "
+    what = "" if bad is None else f"{shown(bad)} in "
     names = "tier names" if tier_names is None else f"tier names {sorted(tier_names)}"
     logger.warning(
         "request %s: ignoring %s%s=%s (expected a list of %s, media %s, "
@@ -170,19 +163,8 @@ def _warn_tiers(
         req_id,
         what,
         name,
-        _shown(raw),
+        shown(raw),
         names,
         MEDIA,
         LOCALITIES,
     )
-
-
-def _shown(value: object) -> str:
-    """`repr(value)` cut to about `_MAX_SHOWN` characters, for a warning."""
-    try:
-        text = _REPR.repr(value)
-    except ValueError:  # an int past `sys.get_int_max_str_digits()`
-        return "<an int too long to show>"
-    if len(text) > _MAX_SHOWN:
-        text = text[: _MAX_SHOWN - 3] + "..."
-    return text

@@ -1,13 +1,16 @@
 """Byte sizes written as numbers or strings such as "64GiB", "512MB", "1.5 GiB".
 
 A size is a whole number of bytes ("1.5B" is refused, not rounded), written with
-ASCII digits.
+ASCII digits, and at most `MAX_INT` bytes: more than any memory or disk holds is
+a mistake, and past it a size no longer fits a file offset.
 """
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
+
+from kvoffload.config.shapes import MAX_INT, shown
 
 _UNITS = {
     "": 1,
@@ -23,6 +26,9 @@ _UNITS = {
 }
 # ASCII only: with Unicode `\d`, "١٠GiB" (Arabic-Indic digits) read as 10 GiB.
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
+# More digits than any size up to MAX_INT needs (19, plus a fraction): reading
+# thousands of them as an int would raise past Python's int-str digit limit.
+_MAX_DIGITS = 40
 
 
 def parse_size(value: object, field: str) -> int:
@@ -31,10 +37,23 @@ def parse_size(value: object, field: str) -> int:
 
     Raises `ValueError` naming `field`, the value and what is allowed.
     """
-    allowed = "a non-negative integer or a string like '64GiB', '512MB', '4096'"
+    allowed = (
+        "a non-negative integer or a string like '64GiB', '512MB', '4096', "
+        f"at most {MAX_INT} bytes"
+    )
+    size = _bytes(value, field, allowed)
+    if size > MAX_INT:
+        raise ValueError(
+            f"{field}: {shown(value)} is more bytes than any memory or disk holds; "
+            f"expected {allowed}"
+        )
+    return size
+
+
+def _bytes(value: object, field: str, allowed: str) -> int:
     if type(value) is int:
         if value < 0:
-            raise ValueError(f"{field}: {value!r} is negative; expected {allowed}")
+            raise ValueError(f"{field}: {shown(value)} is negative; expected {allowed}")
         return value
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
@@ -44,18 +63,19 @@ def parse_size(value: object, field: str) -> int:
             number, unit = match.groups()
             factor = _UNITS.get(unit.lower())
             if factor is not None:
-                # Exact: a float would round large sizes and overflow huge ones.
-                try:
-                    size = Fraction(number) * factor
-                except ValueError:  # past Python's 4,300 digits for an int
+                if len(number.lstrip("0")) > _MAX_DIGITS:
                     raise ValueError(
-                        f"{field}: a size of {len(number):,} digits is not a size "
-                        f"any storage holds; expected {allowed}"
-                    ) from None
+                        f"{field}: {shown(value)} has more digits than any size; "
+                        f"expected {allowed}"
+                    )
+                # Exact: a float would round large sizes and overflow huge ones.
+                size = Fraction(number.lstrip("0") or "0") * factor
                 if size.denominator != 1:
                     raise ValueError(
-                        f"{field}: {value!r} is not a whole number of bytes; "
+                        f"{field}: {shown(value)} is not a whole number of bytes; "
                         f"expected {allowed}"
                     )
                 return int(size)
-    raise ValueError(f"{field}: cannot parse {value!r} as a size; expected {allowed}")
+    raise ValueError(
+        f"{field}: cannot parse {shown(value)} as a size; expected {allowed}"
+    )

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvoffload.config import finite_seconds
+from kvoffload.config import finite_seconds, is_count, shown
 
 
 def is_valid_max_defer_s(value: object) -> bool:
@@ -33,10 +33,14 @@ class GroupSpec:
     def __post_init__(self) -> None:
         for name in ("tokens_per_block", "blocks_per_chunk"):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            if not is_count(value, 1):
+                raise ValueError(
+                    f"{name} must be an int >= 1 (up to 2**63 - 1), got {shown(value)}"
+                )
         if not isinstance(self.offloaded, bool):
-            raise ValueError(f"offloaded must be true or false, got {self.offloaded!r}")
+            raise ValueError(
+                f"offloaded must be true or false, got {shown(self.offloaded)}"
+            )
 
     @property
     def tokens_per_chunk(self) -> int:
@@ -80,9 +84,10 @@ class ConnectorConfig:
             object.__setattr__(
                 self, "hash_block_tokens", min(g.tokens_per_block for g in self.groups)
             )
-        if type(self.hash_block_tokens) is not int or self.hash_block_tokens < 1:
+        if not is_count(self.hash_block_tokens, 1):
             raise ValueError(
-                f"hash_block_tokens must be an int >= 1, got {self.hash_block_tokens!r}"
+                "hash_block_tokens must be an int >= 1 (up to 2**63 - 1), got "
+                f"{shown(self.hash_block_tokens)}"
             )
         for i, group in enumerate(self.groups):
             if group.tokens_per_block % self.hash_block_tokens:
@@ -92,23 +97,30 @@ class ConnectorConfig:
                 )
         if not isinstance(self.offload_prompt_only, bool):
             raise ValueError(
-                f"offload_prompt_only must be true or false, got {self.offload_prompt_only!r}"
+                "offload_prompt_only must be true or false, got "
+                f"{shown(self.offload_prompt_only)}"
             )
         if not is_valid_max_defer_s(self.max_defer_s):
             raise ValueError(
                 "max_defer_s must be a finite number of seconds >= 0 (a deferral "
-                f"must end), got {self.max_defer_s!r}"
+                f"must end), got {shown(self.max_defer_s)}"
             )
-        if type(self.world_size) is not int or self.world_size < 1:
-            raise ValueError(f"world_size must be an int >= 1, got {self.world_size!r}")
+        if not is_count(self.world_size, 1):
+            raise ValueError(
+                "world_size must be an int >= 1 (up to 2**63 - 1), got "
+                f"{shown(self.world_size)}"
+            )
         if not isinstance(self.engine_prefix_caching, bool):
             raise ValueError(
                 "engine_prefix_caching must be true or false, got "
-                f"{self.engine_prefix_caching!r}"
+                f"{shown(self.engine_prefix_caching)}"
             )
         null = self.null_block_id
-        if null is not None and (type(null) is not int or null < 0):
-            raise ValueError(f"null_block_id must be an int >= 0 or None, got {null!r}")
+        if null is not None and not is_count(null, 0):
+            raise ValueError(
+                "null_block_id must be an int >= 0 (up to 2**63 - 1) or None, got "
+                f"{shown(null)}"
+            )
 
     def _check_groups(self) -> None:
         groups = self.groups
@@ -118,7 +130,7 @@ class ConnectorConfig:
             or not all(isinstance(g, GroupSpec) for g in groups)
         ):
             raise ValueError(
-                f"groups must be a non-empty sequence of GroupSpec, got {groups!r}"
+                f"groups must be a non-empty sequence of GroupSpec, got {shown(groups)}"
             )
         if not groups:
             raise ValueError("groups: at least one KV-cache group is required")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from itertools import islice
 from typing import ClassVar, TypeVar
 
+from kvoffload.config.shapes import shown
 from kvoffload.keys import OffloadKey
 
 Evictable = Callable[[OffloadKey], bool]
@@ -49,7 +50,7 @@ class EvictionPolicy(ABC):
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity!r}")
+            raise ValueError(f"capacity must be >= 1, got {shown(capacity)}")
         self.capacity = capacity
 
     @abstractmethod
@@ -125,7 +126,9 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
     """
     allowed = f"expected one of {policy_names()} or an import path 'module:Class'"
     if not isinstance(name, str) or not name:
-        raise ValueError(f"eviction_policy: {name!r} is not a policy name; {allowed}")
+        raise ValueError(
+            f"eviction_policy: {shown(name)} is not a policy name; {allowed}"
+        )
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name or "." in name:
@@ -138,7 +141,7 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
         # ValueError for an empty one (':x'), neither naming the value.
         except (ImportError, AttributeError, TypeError, ValueError) as exc:
             raise ValueError(
-                f"eviction_policy: cannot import {name!r} ({exc}); {allowed}"
+                f"eviction_policy: cannot import {shown(name)} ({exc}); {allowed}"
             ) from exc
         if (
             isinstance(obj, type)
@@ -147,10 +150,10 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
         ):
             return obj
         raise ValueError(
-            f"eviction_policy: {name!r} is not a concrete EvictionPolicy subclass"
+            f"eviction_policy: {shown(name)} is not a concrete EvictionPolicy subclass"
             " (one that implements every abstract method)"
         )
-    raise ValueError(f"eviction_policy: unknown policy {name!r}; {allowed}")
+    raise ValueError(f"eviction_policy: unknown policy {shown(name)}; {allowed}")
 
 
 def create_policy(name: str, capacity: int) -> EvictionPolicy:

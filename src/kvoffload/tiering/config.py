@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.config import finite_seconds
+from kvoffload.config import config_mapping, finite_seconds, is_count, shown
 from kvoffload.tiers.secondary import Clock, create_secondary_tiers
 from kvoffload.worker import ChunkBuffer
 
@@ -28,19 +28,26 @@ class TieringConfig:
         seconds = finite_seconds(ttl)
         if seconds is None or seconds <= 0:
             raise ValueError(
-                f"promotion_failure_ttl_s: {ttl!r} must be a positive number of seconds"
+                f"promotion_failure_ttl_s: {shown(ttl)} must be a positive number of "
+                "seconds"
             )
         n = self.max_remembered_failures
-        if type(n) is not int or n < 1:
-            raise ValueError(f"max_remembered_failures: {n!r} must be an int >= 1")
+        if not is_count(n, 1):
+            raise ValueError(
+                f"max_remembered_failures: {shown(n)} must be an int >= 1 "
+                "(up to 2**63 - 1)"
+            )
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> TieringConfig:
+        settings = config_mapping(mapping, "tiering config")
         valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(mapping) - set(valid))
+        unknown = sorted(set(settings) - set(valid))
         if unknown:
-            raise ValueError(f"unknown tiering keys {unknown}; valid keys: {valid}")
-        return cls(**mapping)
+            raise ValueError(
+                f"unknown tiering keys {shown(unknown)}; valid keys: {valid}"
+            )
+        return cls(**settings)
 
 
 def create_tiering_manager(

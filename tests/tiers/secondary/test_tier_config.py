@@ -198,7 +198,7 @@ def test_redis_config_errors(overrides: dict[str, object], message: str) -> None
             r"url: 'redis\+sentinel://app:\*\*\*@s1:0/cache': 's1:0' is not",
         ),
         ({"url": {"password": "s3cret"}}, r"url: a value of type dict is not a"),
-        ({"options": {"password": "s3cret", 1: 2}}, r"options: keys \[1\] are not"),
+        ({"options": {"password": "s3cret", 1: 2}}, r"\['options'\]: key 1 \(int\)"),
         ({"options": [("password", "s3cret")]}, r"options: a value of type list"),
     ],
 )

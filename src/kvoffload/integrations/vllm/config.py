@@ -4,7 +4,9 @@ The keys of vLLM's own `OffloadingConnector` where they mean the same thing, plu
 few of kvoffload's. Sizes may be written as `"64GiB"`; a null `block_size` or
 `blocks_per_chunk` is unset, as there. An unknown key or a bad value raises
 `ValueError` naming the key, the value and what is allowed, so vLLM stops at
-start-up instead of serving with a misread setting.
+start-up instead of serving with a misread setting. Given through the Python API,
+the config is first checked as a whole (`config_mapping`): a list or a string in
+place of it, a key that is not a string, an int of thousands of digits.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvoffload.config import parse_size
+from kvoffload.config import config_mapping, is_count, parse_size, shown
 from kvoffload.connector.config import is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
 from kvoffload.tiers.secondary import parse_tier_config
@@ -41,9 +43,10 @@ NULL_IS_UNSET = ("block_size", "blocks_per_chunk")
 
 def _int(extra: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
     value = extra.get(key, default)
-    if type(value) is not int or value < minimum:
+    if not is_count(value, minimum):
         raise ValueError(
-            f"kv_connector_extra_config[{key!r}]: {value!r} is not an integer >= {minimum}"
+            f"kv_connector_extra_config[{key!r}]: {shown(value)} is not an integer "
+            f">= {minimum} (up to 2**63 - 1)"
         )
     return value
 
@@ -52,7 +55,7 @@ def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
     value = extra.get(key, default)
     if not isinstance(value, bool):
         raise ValueError(
-            f"kv_connector_extra_config[{key!r}]: {value!r} is not true or false"
+            f"kv_connector_extra_config[{key!r}]: {shown(value)} is not true or false"
         )
     return value
 
@@ -76,14 +79,17 @@ class KVOffloadSettings:
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVOffloadSettings:
         extra = {
             key: value
-            for key, value in (extra or {}).items()
+            for key, value in config_mapping(
+                {} if extra is None else extra, "kv_connector_extra_config"
+            ).items()
             if not (key in NULL_IS_UNSET and value is None)
         }
         unknown = sorted(set(extra) - set(KEYS))
         if unknown:
             valid = "\n".join(f"  {key}: {doc}" for key, doc in KEYS.items())
             raise ValueError(
-                f"kv_connector_extra_config: unknown key(s) {unknown}; valid keys:\n{valid}"
+                f"kv_connector_extra_config: unknown key(s) {shown(unknown)}; "
+                f"valid keys:\n{valid}"
             )
         if "cpu_bytes_to_use" not in extra:
             raise ValueError(
@@ -94,14 +100,15 @@ class KVOffloadSettings:
         cpu = parse_size(raw_cpu, "kv_connector_extra_config['cpu_bytes_to_use']")
         if cpu < 1:
             raise ValueError(
-                f"kv_connector_extra_config['cpu_bytes_to_use']: {raw_cpu!r} must be "
+                f"kv_connector_extra_config['cpu_bytes_to_use']: {shown(raw_cpu)} must be "
                 "> 0 bytes: host memory for the primary tier, e.g. '16GiB'"
             )
         if "block_size" in extra and "blocks_per_chunk" in extra:
             raise ValueError(
                 "kv_connector_extra_config: give block_size (tokens per chunk) or "
                 "blocks_per_chunk, not both (block_size="
-                f"{extra['block_size']!r}, blocks_per_chunk={extra['blocks_per_chunk']!r})"
+                f"{shown(extra['block_size'])}, "
+                f"blocks_per_chunk={shown(extra['blocks_per_chunk'])})"
             )
         chunk_tokens = (
             _int(extra, "block_size", 0, 1) if "block_size" in extra else None
@@ -136,13 +143,14 @@ class KVOffloadSettings:
         defer = extra.get("max_defer_s", 1.0)
         if not is_valid_max_defer_s(defer):
             raise ValueError(
-                f"kv_connector_extra_config['max_defer_s']: {defer!r} is not a "
+                f"kv_connector_extra_config['max_defer_s']: {shown(defer)} is not a "
                 "finite number of seconds >= 0 (a deferral must end)"
             )
         tag = extra.get("model_tag")
         if tag is not None and (not isinstance(tag, str) or not tag.strip()):
             raise ValueError(
-                f"kv_connector_extra_config['model_tag']: {tag!r} is not a non-empty string"
+                "kv_connector_extra_config['model_tag']: "
+                f"{shown(tag)} is not a non-empty string"
             )
         return cls(
             cpu_bytes_to_use=cpu,

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.tiers.base import (
@@ -54,8 +55,8 @@ class CPUOffloadingManager(OffloadingManager):
         max_tracker_size: int = 64_000,
         enable_events: bool = False,
     ) -> None:
-        if type(num_chunks) is not int or num_chunks < 1:
-            raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+        if not is_count(num_chunks, 1):
+            raise ValueError(f"num_chunks must be an int >= 1, got {shown(num_chunks)}")
         self._num_chunks = num_chunks
         self._policy: EvictionPolicy = create_policy(eviction_policy, num_chunks)
         self._filter = ReuseFilter(store_threshold, max_tracker_size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
 
 
@@ -19,13 +20,15 @@ class ReuseFilter:
     """Counts distinct requests per key in a bounded, least-recently-seen table."""
 
     def __init__(self, threshold: int, max_size: int) -> None:
-        if type(threshold) is not int or threshold < 0:
+        if not is_count(threshold, 0):
             raise ValueError(
                 f"store_threshold must be an int >= 0 (0 or 1 disables the "
-                f"reuse filter), got {threshold!r}"
+                f"reuse filter), got {shown(threshold)}"
             )
-        if type(max_size) is not int or max_size < 1:
-            raise ValueError(f"max_tracker_size must be an int >= 1, got {max_size!r}")
+        if not is_count(max_size, 1):
+            raise ValueError(
+                f"max_tracker_size must be an int >= 1, got {shown(max_size)}"
+            )
         self.threshold = threshold
         self.max_size = max_size
         self.enabled = threshold >= 2

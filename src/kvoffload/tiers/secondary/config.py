@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from kvoffload.config import finite_seconds, parse_size
+from kvoffload.config import config_mapping, finite_seconds, is_count, parse_size, shown
 from kvoffload.config.request_params import LOCALITIES, MEDIA
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
@@ -40,16 +40,16 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
     all_fields = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]
     by_key = {_MAPPING_KEY.get(f.name, f.name): f.name for f in all_fields}
     kwargs: dict[str, Any] = {}
-    for key, value in mapping.items():
+    for key, value in config_mapping(mapping, f"{tier_type} tier").items():
         if key == "type":
             if value != tier_type:
                 raise ValueError(
-                    f"type: {value!r} given to the {tier_type} tier config"
+                    f"type: {shown(value)} given to the {tier_type} tier config"
                 )
             continue
         if key not in by_key:
             raise ValueError(
-                f"unknown {tier_type} tier key {key!r}; valid keys: "
+                f"unknown {tier_type} tier key {shown(key)}; valid keys: "
                 f"{sorted(['type', *by_key])}"
             )
         kwargs[by_key[key]] = value
@@ -77,7 +77,7 @@ def _check_name(name: object) -> None:
     them is split at commas and stripped. Not one of `RESERVED_NAMES`."""
     if name in RESERVED_NAMES:
         raise ValueError(
-            f"name: {name!r} is reserved for host memory and the connector in "
+            f"name: {shown(name)} is reserved for host memory and the connector in "
             f"stats and metrics; reserved: {RESERVED_NAMES}"
         )
     if (
@@ -90,31 +90,21 @@ def _check_name(name: object) -> None:
         or name != name.strip()
     ):
         raise ValueError(
-            f"name: {name!r} must be a non-empty string other than a medium "
+            f"name: {shown(name)} must be a non-empty string other than a medium "
             f"{MEDIA} or locality {LOCALITIES}, without ':' or ',' and without "
             "spaces at its ends"
         )
-
-
-def _shown_number(value: object) -> str:
-    """`repr(value)`, or for an int too long to print (Python refuses past
-    4,300 digits) its length: the error naming it must not fail itself."""
-    try:
-        return repr(value)
-    except ValueError:
-        assert isinstance(value, int)
-        return f"<an int of {value.bit_length():,} bits>"
 
 
 def _check_int(
     value: object, field_name: str, minimum: int, maximum: int | None = None
 ) -> None:
     too_big = maximum is not None and type(value) is int and value > maximum
-    if type(value) is not int or value < minimum or too_big:
+    if not is_count(value, minimum) or too_big:
         allowed = f"an int >= {minimum}" + (
-            f" and <= {maximum:,}" if maximum is not None else ""
+            f" and <= {maximum:,}" if maximum is not None else " (up to 2**63 - 1)"
         )
-        raise ValueError(f"{field_name}: {_shown_number(value)} must be {allowed}")
+        raise ValueError(f"{field_name}: {shown(value)} must be {allowed}")
 
 
 def _check_seconds(
@@ -132,12 +122,12 @@ def _check_seconds(
             allowed += f" up to {maximum:.0f}"
         if allow_none:
             allowed += " or null"
-        raise ValueError(f"{field_name}: {value!r} must be {allowed}")
+        raise ValueError(f"{field_name}: {shown(value)} must be {allowed}")
 
 
 def _check_locality(value: object) -> None:
     if value not in LOCALITIES:
-        raise ValueError(f"locality: {value!r} must be one of {LOCALITIES}")
+        raise ValueError(f"locality: {shown(value)} must be one of {LOCALITIES}")
 
 
 def _offload_policy(value: object) -> OffloadPolicy:
@@ -147,7 +137,7 @@ def _offload_policy(value: object) -> OffloadPolicy:
         return OffloadPolicy(value)
     except ValueError:
         raise ValueError(
-            f"offload_policy: {value!r} must be one of "
+            f"offload_policy: {shown(value)} must be one of "
             "'chunk_level' (alias 'block_level') or 'request_level'"
         ) from None
 
@@ -208,7 +198,7 @@ def _check_rescan_interval(value: object) -> None:
     seconds = finite_seconds(value)
     if seconds is None or not lowest <= seconds <= highest:
         raise ValueError(
-            f"rescan_interval_s: {_shown_number(value)} must be a positive number "
+            f"rescan_interval_s: {shown(value)} must be a positive number "
             f"of seconds from {lowest:.0f} to {highest:.0f}, or 0 for no rescans"
         )
 
@@ -221,7 +211,7 @@ def _file_mode(value: object) -> int:
     if type(value) is int and value in FILE_MODES.values():
         return value
     raise ValueError(
-        f"file_mode: {_shown_number(value)} must be '0600' (this user only) or "
+        f"file_mode: {shown(value)} must be '0600' (this user only) or "
         "'0660' (this user and the directory's group, for engines of several "
         "users sharing it)"
     )
@@ -252,14 +242,14 @@ class FileTierConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path or "\0" in self.path:
             raise ValueError(
-                f"path: {self.path!r} must be a non-empty directory path "
+                f"path: {shown(self.path)} must be a non-empty directory path "
                 "(without NUL characters)"
             )
         capacity = self.capacity_bytes
         object.__setattr__(self, "capacity_bytes", parse_size(capacity, "capacity"))
         if not 0 < self.capacity_bytes <= MAX_CAPACITY_BYTES:
             raise ValueError(
-                f"capacity: {_shown_number(capacity)} must be > 0 bytes and at "
+                f"capacity: {shown(capacity)} must be > 0 bytes and at "
                 f"most {MAX_CAPACITY_BYTES:,} (8 EiB)"
             )
         _check_eviction_policy(self.eviction_policy)
@@ -271,7 +261,7 @@ class FileTierConfig:
             self.max_inflight_chunks, "max_inflight_chunks", 1, MAX_INFLIGHT_CHUNKS
         )
         if not isinstance(self.fsync, bool):
-            raise ValueError(f"fsync: {self.fsync!r} must be true or false")
+            raise ValueError(f"fsync: {shown(self.fsync)} must be true or false")
         _check_rescan_interval(self.rescan_interval_s)
         object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
 
@@ -370,8 +360,8 @@ class RedisTierConfig:
                     f"backoff_max_s ({self.backoff_max_s!r})"
                 )
             raise ValueError(
-                f"backoff_max_s: {self.backoff_max_s!r} must be >= "
-                f"backoff_initial_s ({self.backoff_initial_s!r})"
+                f"backoff_max_s: {shown(self.backoff_max_s)} must be >= "
+                f"backoff_initial_s ({shown(self.backoff_initial_s)})"
             )
         rs.check_seconds("ttl_s", self.ttl_s, maximum=rs.MAX_TTL_S, allow_none=True)
         rs.check_count("num_threads", self.num_threads, 1, rs.MAX_THREADS)
@@ -429,11 +419,11 @@ class RedisTierConfig:
 
     def __repr__(self) -> str:
         # Never a password: the URL masked, option values by their names only.
-        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
-        shown["url"] = redact_url(self.url)
-        shown["options"] = sorted(self.options)
-        shown["password"] = None if self.password is None else MASK
-        inner = ", ".join(f"{name}={value!r}" for name, value in shown.items())
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        values["url"] = redact_url(self.url)
+        values["options"] = sorted(self.options)
+        values["password"] = None if self.password is None else MASK
+        inner = ", ".join(f"{name}={value!r}" for name, value in values.items())
         return f"RedisTierConfig({inner})"
 
     @classmethod

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvoffload.config import shown
 from kvoffload.tiers.secondary.base import Clock, SecondaryTier
 from kvoffload.tiers.secondary.config import (
     FileTierConfig,
@@ -33,7 +34,7 @@ def parse_tier_config(
     # A str first: a list or a dict is no key of `_CONFIGS` (not even hashable).
     if not isinstance(tier_type, str) or tier_type not in _CONFIGS:
         raise ValueError(
-            f"type: {tier_type!r} is not a secondary tier type; "
+            f"type: {shown(tier_type)} is not a secondary tier type; "
             f"expected one of {TIER_TYPES}"
         )
     return _CONFIGS[tier_type].from_mapping(mapping)
@@ -70,7 +71,7 @@ def create_secondary_tier(
 
         return MemoryTier(MemoryTierConfig.from_mapping(mapping), buffer)
     raise ValueError(
-        f"type: {tier_type!r} is not a secondary tier type; expected one of {TIER_TYPES}"
+        f"type: {shown(tier_type)} is not a secondary tier type; expected one of {TIER_TYPES}"
     )
 
 
@@ -89,6 +90,11 @@ def create_secondary_tiers(
     clock: Clock = time.monotonic,
 ) -> list[SecondaryTier]:
     """Tiers in order; names must be unique (events and stats are keyed by name)."""
+    if not isinstance(mappings, list | tuple):
+        # A string or a mapping would be iterated as characters or keys.
+        raise ValueError(
+            f"secondary_tiers: {shown_value(mappings)} is not a list of tier configs"
+        )
     tiers: list[SecondaryTier] = []
     try:
         for mapping in mappings:
@@ -96,7 +102,7 @@ def create_secondary_tiers(
             names = [t.name for t in tiers]
             if len(set(names)) != len(names):
                 raise ValueError(
-                    f"name: {names[-1]!r} is used by two secondary tiers; "
+                    f"name: {shown(names[-1])} is used by two secondary tiers; "
                     "give each tier a distinct 'name'"
                 )
     except BaseException:
