@@ -344,3 +344,43 @@ def test_create_removes_a_killed_creators_temporary_at_full_size(
     with HostPool.create(GEOMETRY, 1, name="second", shm_dir=str(tmp_path)):
         assert hidden() == []
         assert [p.name for p in tmp_path.iterdir()] == ["second"]
+
+
+def test_a_pool_that_names_this_process_but_that_it_does_not_own_is_removed(
+    tmp_path: Path,
+) -> None:
+    """Scenario: a pool file whose header names this very process (host, pid
+    namespace, pid) is not one this process created and still has open: an
+    earlier process that had this pid left it. A create of its name takes its
+    place (it raised FileExistsError), and a create of any other name removes
+    it, as it removes those of exited processes."""
+    with HostPool.create(GEOMETRY, 2, name="a", shm_dir=str(tmp_path)) as pool:
+        assert pool.path is not None
+        left = pool.path.read_bytes()
+    for name in ("b", "c"):
+        (tmp_path / name).write_bytes(left)
+    with HostPool.create(GEOMETRY, 3, name="b", shm_dir=str(tmp_path)) as pool:
+        assert pool.num_slots == 3
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pool_this_process_has_open_is_neither_removed_nor_replaced(
+    tmp_path: Path,
+) -> None:
+    """A pool of this process still open stays when another is created beside
+    it; a create of its own name is refused; and once one created with
+    `exist_ok` replaced it, closing the first leaves the replacement."""
+    with HostPool.create(GEOMETRY, 2, name="a", shm_dir=str(tmp_path)) as first:
+        with HostPool.create(GEOMETRY, 2, name="b", shm_dir=str(tmp_path)):
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+        with pytest.raises(FileExistsError):
+            HostPool.create(GEOMETRY, 1, name="a", shm_dir=str(tmp_path))
+        replaced = HostPool.create(
+            GEOMETRY, 3, name="a", shm_dir=str(tmp_path), exist_ok=True
+        )
+        first.close()
+        with HostPool.attach("a", shm_dir=str(tmp_path)) as attached:
+            assert attached.num_slots == 3
+        replaced.close()
+    assert list(tmp_path.iterdir()) == []

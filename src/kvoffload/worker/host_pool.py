@@ -5,7 +5,8 @@ per-slot `memoryview`s, so secondary tiers read and write chunks in place. Given
 name it lives in a shared-memory file (`/dev/shm/NAME`) that another process (the
 scheduler, beside the worker that created it) attaches to by name. Its header
 names its creator, so that a pool a killed worker left is removed at the next
-start (`HostPool.create`).
+start (`HostPool.create`), and so is one that names this very process but that no
+open pool of it owns (left by an earlier process that had this pid).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import mmap
 import os
 import stat
 import struct
+import threading
 import weakref
 from pathlib import Path
 
@@ -43,6 +45,12 @@ _FILE_MODE = 0o600
 """The pool holds KV caches (prompts can be recovered from them): this user only,
 whatever the umask. The attaching process runs as the same user."""
 
+# Named pools this process created and has not closed, by (device, inode): a
+# pool file whose header names this process but is not among them was left by
+# an earlier process that had the same pid, which has exited.
+_OWNED_HERE: set[tuple[int, int]] = set()
+_OWNED_LOCK = threading.Lock()
+
 
 class HostPool(OneViewPerChunk):
     """`num_slots` slots of `slot_nbytes` bytes in one buffer; a `ChunkBuffer`.
@@ -64,7 +72,9 @@ class HostPool(OneViewPerChunk):
         path: Path | None,
         owner: bool,
         layout: str = "",
+        file_id: tuple[int, int] = (0, 0),
     ) -> None:
+        """`file_id`: the (device, inode) of the file of a named pool it owns."""
         self._geometry = geometry
         self._layout = layout
         self._num_slots = num_slots
@@ -78,7 +88,7 @@ class HostPool(OneViewPerChunk):
             self._view, dtype=np.uint8
         )
         self._unlink = (
-            weakref.finalize(self, _unlink_quietly, path)
+            weakref.finalize(self, _release_owned, path, file_id)
             if owner and path is not None
             else None
         )
@@ -130,6 +140,10 @@ class HostPool(OneViewPerChunk):
         # (all of it, in a file no attacher can name) is found and removed.
         tmp = path.with_name(f".{path.name}{processes.temporary_suffix()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        st = os.fstat(fd)
+        file_id = (st.st_dev, st.st_ino)
+        with _OWNED_LOCK:  # before the rename: another thread's scan may follow
+            _OWNED_HERE.add(file_id)
         try:
             # Exactly: the umask may have taken the owner's bits too (0o277
             # leaves 0400, which the attaching scheduler cannot map).
@@ -139,11 +153,11 @@ class HostPool(OneViewPerChunk):
             mapping = mmap.mmap(fd, _HEADER_NBYTES + nbytes)
             os.rename(tmp, path)  # attachers see a complete file or none
         except BaseException:
-            _unlink_quietly(tmp)
+            _release_owned(tmp, file_id)
             raise
         finally:
             os.close(fd)
-        return cls(geometry, num_slots, mapping, path, True, layout)
+        return cls(geometry, num_slots, mapping, path, True, layout, file_id)
 
     @classmethod
     def attach(
@@ -258,13 +272,21 @@ def _shm_path(name: str, shm_dir: str) -> Path:
     return Path(shm_dir) / name
 
 
-def _unlink_quietly(path: Path) -> None:
-    path.unlink(missing_ok=True)
+def _release_owned(path: Path, file_id: tuple[int, int]) -> None:
+    """The owner of the pool file `path` is done with it: remove it, unless the
+    name is another pool's by now (one created with `exist_ok` in its place)."""
+    if _same_file(str(path), file_id[1]):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    with _OWNED_LOCK:
+        _OWNED_HERE.discard(file_id)
 
 
 def _remove_left_by_exited_creators(directory: Path) -> None:
     """Remove the pools and pool temporaries in `directory` that a process known
-    to have exited created (`processes.has_exited`).
+    to have exited created (`processes.has_exited`), and the pools whose header
+    names this process but that no open pool of it owns: an earlier process
+    that had this pid created them (pids are reused).
 
     A pool is told by its header, whatever its name; a pool's temporary file by
     its name (`processes.temporary_suffix`), as its header is written only once
@@ -284,13 +306,14 @@ def _remove_left_by_exited_creators(directory: Path) -> None:
             ):
                 _remove_left(Path(entry.path), "temporary file of a host pool")
         else:
-            inode = _exited_creators_pool(entry)
+            inode = _left_pool(entry)
             if inode is not None and _same_file(entry.path, inode):
                 _remove_left(Path(entry.path), "host pool")
 
 
-def _exited_creators_pool(entry: os.DirEntry[str]) -> int | None:
-    """The inode of `entry` if it is a host pool whose creator has exited."""
+def _left_pool(entry: os.DirEntry[str]) -> int | None:
+    """The inode of `entry` if it is a host pool whose creator has exited, or
+    one that names this process as its creator but that it does not own."""
     if not entry.is_file(follow_symlinks=False):
         return None
     try:
@@ -310,7 +333,12 @@ def _exited_creators_pool(entry: os.DirEntry[str]) -> int | None:
         return None
     finally:
         os.close(fd)
-    return st.st_ino if processes.has_exited(namespace, pid) else None
+    if processes.has_exited(namespace, pid):
+        return st.st_ino
+    ours = namespace == processes.HOST_NAMESPACE and pid == os.getpid()
+    with _OWNED_LOCK:
+        owned = (st.st_dev, st.st_ino) in _OWNED_HERE
+    return st.st_ino if ours and not owned else None
 
 
 def _same_file(path: str, inode: int) -> bool:

@@ -150,3 +150,75 @@ def test_a_parallel_layout_other_than_tensor_parallel_is_refused_at_start_up(
         EngineShape.from_vllm(config, kv_config, settings, False)
     setattr(config.parallel_config, setting, 1)
     assert EngineShape.from_vllm(config, kv_config, settings, False).tp_size == 1
+
+
+def _unregistered_side() -> tuple[WorkerSide, str]:
+    """Rank 0's worker side, not registered yet, and its host pool's name."""
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 1, "blocks_per_chunk": PER_CHUNK}
+    config, kv_config = vllm_config(extra), kv_cache_config()
+    shape = EngineShape.from_vllm(
+        config, kv_config, KVOffloadSettings.from_extra_config(extra), False
+    )
+    extra["cpu_bytes_to_use"] = 4 * shape.pool_geometry().slot_nbytes
+    settings = KVOffloadSettings.from_extra_config(extra)
+    return WorkerSide(settings, shape, rank=0), shape.pool_name(0)
+
+
+def _files_of(pool_name: str) -> list[str]:
+    """The pool's file and its temporaries in /dev/shm."""
+    from pathlib import Path
+
+    return [p.name for p in Path("/dev/shm").glob(f"*{pool_name}*")]
+
+
+def test_registering_again_replaces_the_data_plane_and_its_pool() -> None:
+    """Scenario: vLLM registers the KV caches of a worker connector a second
+    time (it reuses the connector in a process): the first data plane and its
+    host pool go, and the second registration creates its own (it failed with
+    FileExistsError on its own pool)."""
+    import torch
+
+    side, pool_name = _unregistered_side()
+    try:
+        side.register_kv_caches({"l0": torch.zeros(2, 256, BLOCK, 1, 4)})
+        first = side.worker
+        side.register_kv_caches({"l0": torch.zeros(2, 256, BLOCK, 1, 4)})
+        assert side.worker is not first
+        assert _files_of(pool_name) == [pool_name]
+        worker_side_loads_one_chunk(side)
+    finally:
+        side.shutdown()
+    assert _files_of(pool_name) == []
+
+
+def worker_side_loads_one_chunk(side: WorkerSide) -> None:
+    side.bind(StepPlan(loads=(_load(1),), request_of={1: "L"}))
+    side.start_loads()
+    assert _finished(side, 1) == ({"L"}, set())
+
+
+def test_a_failure_once_the_pool_exists_releases_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scenario: the worker side's start fails after its host pool was created:
+    the pool goes with it, and a later registration starts afresh."""
+    import torch
+
+    from kvoffload.integrations.vllm import worker_side as module
+
+    def fail(*args: object) -> None:
+        raise RuntimeError("failed after the pool")
+
+    side, pool_name = _unregistered_side()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(module.logger, "info", fail)
+            with pytest.raises(RuntimeError, match="after the pool"):
+                side.register_kv_caches({"l0": torch.zeros(2, 256, BLOCK, 1, 4)})
+        assert _files_of(pool_name) == []
+        with pytest.raises(RuntimeError, match="register_kv_caches was not called"):
+            _ = side.worker
+        side.register_kv_caches({"l0": torch.zeros(2, 256, BLOCK, 1, 4)})
+        worker_side_loads_one_chunk(side)
+    finally:
+        side.shutdown()

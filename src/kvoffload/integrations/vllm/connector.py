@@ -33,6 +33,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 from kvoffload.integrations.vllm.engine_shape import EngineShape
+from kvoffload.integrations.vllm.in_process import refuse_another_engine, release_worker
 from kvoffload.integrations.vllm.kv_events import KVEventDescriber
 from kvoffload.integrations.vllm.messages import (
     KVOffloadMetadata,
@@ -91,9 +92,27 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
             # recomputes it (vLLM's default, "fail", would fail the request).
             logger.info("kvoffload: kv_load_failure_policy set to 'recompute'")
             transfer.kv_load_failure_policy = "recompute"
-        self._settings = KVOffloadSettings.from_extra_config(
-            transfer.kv_connector_extra_config
-        )
+        self.engine_id = str(transfer.engine_id)
+        """Names the engine, its host pools and its connectors in this process."""
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        try:
+            self._settings = KVOffloadSettings.from_extra_config(
+                transfer.kv_connector_extra_config
+            )
+            self._start(vllm_config, role, kv_cache_config)
+        except BaseException:
+            if role == KVConnectorRole.SCHEDULER:
+                # In-process, this engine's worker already holds its host pool.
+                release_worker(self.engine_id)
+            raise
+
+    def _start(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
         # Only the scheduler names chunks: a worker skips reading the weights.
         shape = EngineShape.from_vllm(
             vllm_config,
@@ -101,8 +120,6 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
             self._settings,
             identify_model=role == KVConnectorRole.SCHEDULER,
         )
-        self._scheduler: SchedulerSide | None = None
-        self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             events = vllm_config.kv_events_config
             # Stores in flight each hold a host slot: no more are pending.
@@ -133,6 +150,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     # -- worker side -------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        refuse_another_engine(self.engine_id, self.shutdown)
         self.worker_side.register_kv_caches(kv_caches)
 
     def handle_preemptions(self, connector_metadata: KVConnectorMetadata) -> None:

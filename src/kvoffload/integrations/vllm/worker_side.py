@@ -44,6 +44,9 @@ class WorkerSide:
         self._results: list[JobResult] = []
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        """Create the data plane for `kv_caches`; registered again, the previous
+        one (and its host pool) goes first. A failure once the pool exists
+        releases it, so that no start leaves a pool behind in a live process."""
         from kvoffload.worker.factory import create_data_plane
         from kvoffload.worker.layout import GroupSpec
 
@@ -56,6 +59,7 @@ class WorkerSide:
             )
             for g in self._shape.groups
         ]
+        self._release_data_plane()
         layout, self._pool, self._worker = create_data_plane(
             kv_caches,
             specs,
@@ -63,7 +67,15 @@ class WorkerSide:
             ranks=self._shape.tp_size,
             pool_name=self._shape.pool_name(self._rank),
         )
-        if layout.device == "cpu":
+        try:
+            self._announce(layout.device)
+        except BaseException:
+            self._release_data_plane()
+            raise
+
+    def _announce(self, device: str) -> None:
+        assert self._pool is not None
+        if device == "cpu":
             # The copy thread takes the GIL back after every copy; with the engine
             # thread busy in Python that wait is the switch interval (5 ms by
             # default) each time, which would dwarf the copies themselves.
@@ -142,7 +154,14 @@ class WorkerSide:
         return KVOffloadWorkerMetadata({self._rank: results})
 
     def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()
-        if self._pool is not None:
-            self._pool.close()
+        self._release_data_plane()
+
+    def _release_data_plane(self) -> None:
+        worker, pool = self._worker, self._pool
+        self._worker = self._pool = None
+        try:
+            if worker is not None:
+                worker.shutdown()
+        finally:
+            if pool is not None:
+                pool.close()
