@@ -95,13 +95,15 @@ def test_store_tier_filter_restricts_cascades() -> None:
 
 
 def test_reuse_filter_still_gates_what_reaches_the_tiers() -> None:
-    """Scenario: with store_threshold=2, a chunk seen by one request is neither
-    stored nor cascaded; once a second request saw it, it is stored and cascaded."""
+    """Scenario: with store_threshold=2, a chunk looked up by one request is
+    neither stored nor cascaded; once a second request looked it up, it is stored
+    and cascaded."""
     buf = ArrayChunkBuffer(8, 256)
     tier = HeldTier(buf)
     m, engine = make_manager([tier], buffer=buf, num_chunks=8, store_threshold=2)
     r1, r2 = ReqContext("r1"), ReqContext("r2")
     m.on_new_request(r1)
+    assert m.lookup(key(1), r1) is LookupResult.MISS
     assert engine.store(keys(1), r1) == ()
     assert tier.stored_keys() == []
     m.on_new_request(r2)

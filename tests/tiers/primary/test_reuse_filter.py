@@ -53,6 +53,24 @@ def test_a_request_seeing_a_key_twice_counts_once() -> None:
     assert offer(m, "other", [1]) == (k(1),)
 
 
+def test_only_lookups_count_not_offers_to_store() -> None:
+    """Scenario: as in the seed (vLLM PR #41727), a key counts as seen when a
+    request looks it up. Two requests offer X for storing without looking it up
+    (their loads capped at 0, or X a chunk they generated): X is still unseen,
+    so the two that look it up next are its first and second sightings, and
+    only the second stores it."""
+    m = CPUOffloadingManager(8, store_threshold=2)
+    for req in ("a", "b"):
+        ctx = ReqContext(req)
+        m.on_new_request(ctx)
+        out = m.prepare_store([k(1)], ctx)
+        assert out is not None and out.keys_to_store == ()
+        m.on_request_finished(ctx)
+    assert offer(m, "c", [1]) == ()
+    assert offer(m, "d", [1]) == (k(1),)
+    assert m.get_stats()["cpu"].admission_rejected == 3
+
+
 def test_keys_past_the_first_miss_are_counted_too() -> None:
     m = CPUOffloadingManager(8, store_threshold=2)
     offer(m, "a", [1, 2, 3])
@@ -71,7 +89,7 @@ def test_tracker_forgets_the_least_recently_seen_key() -> None:
 
 
 def test_a_request_seeing_a_key_again_makes_it_the_most_recently_seen() -> None:
-    """Scenario: request A looks up X, B looks up Y, then A offers X for storing;
+    """Scenario: request A looks up X, B looks up Y, then A looks X up again;
     C's key fills the two-key table. Y, seen least recently, is forgotten, not
     X: when D sees X, two distinct requests have seen it and it is stored."""
     m = CPUOffloadingManager(8, store_threshold=2, max_tracker_size=2)
@@ -80,7 +98,8 @@ def test_a_request_seeing_a_key_again_makes_it_the_most_recently_seen() -> None:
     m.on_new_request(b)
     m.lookup_prefix([k(1)], a)
     m.lookup_prefix([k(2)], b)
-    out = m.prepare_store([k(1)], a)  # A sees X again: counts once, refreshes it
+    m.lookup(k(1), a)  # A sees X again: counts once, refreshes it
+    out = m.prepare_store([k(1)], a)
     assert out is not None and out.keys_to_store == ()
     assert offer(m, "c", [3]) == ()
     assert offer(m, "d", [1]) == (k(1),)

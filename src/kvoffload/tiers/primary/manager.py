@@ -203,7 +203,7 @@ class CPUOffloadingManager(OffloadingManager):
         slots = self._slots
         new = list(dict.fromkeys(k for k in keys if k not in slots))
         if not promotion:
-            new = self._admitted(keys, new, ctx)
+            new = self._admitted(new)
         if not new:
             return _NOTHING_TO_STORE
 
@@ -234,16 +234,16 @@ class CPUOffloadingManager(OffloadingManager):
             )
         return PrepareStoreOutput(tuple(new), tuple(new_slots), tuple(victims))
 
-    def _admitted(
-        self, offered: Sequence[OffloadKey], new: list[OffloadKey], ctx: ReqContext
-    ) -> list[OffloadKey]:
-        """The new keys that pass the reuse filter and the policy's admission."""
-        if self._filter.enabled:
-            self._filter.observe(offered, ctx.req_id)
-            if new:
-                admitted = self._filter.admitted(new)
-                self._stats.admission_rejected += len(new) - len(admitted)
-                new = admitted
+    def _admitted(self, new: list[OffloadKey]) -> list[OffloadKey]:
+        """The new keys that pass the reuse filter and the policy's admission.
+
+        Offering a key for store is not a sighting: only lookups count, as in the
+        seed (vLLM PR #41727), so a request that never looked a key up (its load
+        capped at 0, a decode chunk) adds nothing to its count."""
+        if self._filter.enabled and new:
+            admitted = self._filter.admitted(new)
+            self._stats.admission_rejected += len(new) - len(admitted)
+            new = admitted
         return list(self._policy.admit(new)) if new else new
 
     def _allocate(self, n: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Admission by reuse: store a chunk only once enough distinct requests saw it.
 
 With `threshold >= 2` a key is admitted once at least `threshold` distinct
-requests have looked it up. A request that sees a key several times counts once.
+requests have looked it up; offering a key for store is no sighting (as in the
+seed, vLLM PR #41727). A request that looks a key up several times counts once.
 The counter table keeps at most `max_size` keys and forgets the least recently
 seen first; every sighting, a request's repeated ones too, counts as seen.
 `threshold` 0 or 1 disables the filter.
