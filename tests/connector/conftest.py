@@ -59,6 +59,10 @@ class RecordingManager(CPUOffloadingManager):
         self.calls.append(("prepare_load", ctx.req_id))
         return super().prepare_load(keys, ctx)
 
+    def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        self.calls.append(("complete_load", ctx.req_id))
+        super().complete_load(keys, ctx)
+
     def prepare_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext
     ) -> PrepareStoreOutput | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvoffload import CPUOffloadingManager, LookupResult, ReqContext
 from kvoffload.connector import (
     ConnectorConfig,
@@ -11,7 +13,7 @@ from kvoffload.connector import (
 )
 from kvoffload.engine_model import SimRequest, TimeModel
 from kvoffload.keys import BlockHasher
-from kvoffload.worker.base import JobResult
+from kvoffload.worker.base import JobResult, TransferDirection, TransferJob
 
 from .conftest import Harness
 
@@ -29,10 +31,57 @@ def test_hooks_run_in_order_and_finish_exactly_once(async_scheduling: bool) -> N
         assert calls[0] == "on_new_request"
         assert calls.count("on_new_request") == 1
         assert calls.count("on_request_finished") == 1
-        after = calls[calls.index("on_request_finished") + 1 :]
-        assert not {"lookup", "prepare_load", "prepare_store"} & set(after)
+        assert calls[-1] == "on_request_finished"
         assert calls.index("lookup") < calls.index("prepare_store")
     assert "prepare_load" in h.manager.calls_for("B")
+    assert h.connector.num_live_requests() == 0
+
+
+def _fail_stores(job: TransferJob) -> bool:
+    return job.direction is TransferDirection.STORE
+
+
+@pytest.mark.parametrize("how", ["slow link", "failed stores", "abort", "reset"])
+def test_the_manager_hears_a_request_finished_after_its_last_job(
+    async_scheduling: bool, how: str
+) -> None:
+    """Scenario: on a slow host link, requests finish while their stores (and
+    loads) are in flight; their stores fail, one is aborted mid-prompt, or the
+    cache is reset with jobs in flight. As in the seed, the manager hears
+    `on_request_finished` once the request's jobs have all completed: its last
+    `complete_load`/`complete_store` comes before it, and nothing after it."""
+    h = Harness(
+        async_scheduling=async_scheduling,
+        device_blocks=30,
+        max_batched_tokens=2 * CHUNK if how == "abort" else 8192,
+        time_model=TimeModel(transfer_bytes_per_s=2e6),
+        fail_job=_fail_stores if how == "failed stores" else None,
+    )
+    prompt = h.tokens(3 * CHUNK)
+    a = h.request("A", prompt + h.tokens(1))
+    if how == "abort":
+        h.engine.add([a])
+        while not h.connector.has_pending_jobs():
+            h.engine.step()
+        h.engine.abort("A")
+    elif how == "reset":
+        h.engine.add([a])
+        while not h.connector.has_pending_jobs():
+            h.engine.step()
+        h.connector.reset_cache()
+    h.engine.run([] if how in ("abort", "reset") else [a])
+    h.run(*[h.request(f"f{i}", h.tokens(6 * CHUNK)) for i in range(3)])
+    h.run(h.request("B", prompt + h.tokens(2 * CHUNK + 1)))
+    jobs = {"complete_load", "complete_store"}
+    for req_id in ("A", "B", "f0"):
+        calls = h.manager.calls_for(req_id)
+        assert calls.count("on_request_finished") == 1, calls
+        assert calls[-1] == "on_request_finished", calls
+    if how == "slow link":
+        # The request finished before its store completed (the case at issue).
+        assert "complete_store" in h.manager.calls_for("A")
+        assert "complete_load" in h.manager.calls_for("B")
+    assert jobs & set(h.manager.calls_for("f0"))
     assert h.connector.num_live_requests() == 0
 
 

@@ -73,6 +73,8 @@ class RequestState:
     load_job: int | None = None
     load_keys: tuple[OffloadKey, ...] = ()
     store_jobs: set[int] = field(default_factory=set)
+    jobs_in_flight: int = 0
+    """Its load and store jobs not completed yet (on every rank)."""
     hit_tokens: int = 0
     """Tokens the engine started from at first schedule: its own hit, plus what
     that schedule's load supplied once the load succeeded."""
@@ -142,7 +144,7 @@ class RequestState:
         return dropped
 
     def has_jobs(self) -> bool:
-        return self.load_job is not None or bool(self.store_jobs)
+        return self.jobs_in_flight > 0
 
     def seen_keys(self) -> list[OffloadKey]:
         """The keys this request hit or offered, each group in prefix order."""

@@ -5,7 +5,10 @@ hashes and engine block ids, but nothing engine-specific: an adapter (vLLM's, or
 the engine model's) translates. Call order per request: `on_new_request` once;
 `get_num_new_matched_tokens` (again while it answers `None`);
 `update_state_after_alloc` when the engine allocated its blocks; `build_step`
-every step it is scheduled; `request_finished` once. An engine that rewrites a
+every step it is scheduled; `request_finished` once. The manager hears
+`on_request_finished` once the request's jobs have all completed, as in the seed:
+every `complete_load`/`complete_store` of a request reaches it first, after a
+reset or a failed job too. An engine that rewrites a
 request's tokens (vLLM's streaming-input sessions) calls `on_request_rewritten`
 before scheduling it again. Job results come back through `on_job_results` in
 any step.
@@ -206,6 +209,7 @@ class OffloadConnector:
         record = self._jobs.new(state.req_id, TransferDirection.LOAD, keys)
         record.transfers = transfers
         state.load_job = record.job_id
+        state.jobs_in_flight += 1
         self._pending_loads.append(
             TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
         )
@@ -249,8 +253,9 @@ class OffloadConnector:
     def request_finished(self, request_id: str) -> None:
         """The request is done (finished or aborted); the engine may free its blocks.
 
-        The manager hears `on_request_finished` now, exactly once; the request's
-        state is dropped when its last job completes.
+        It plans nothing more. The manager hears `on_request_finished` exactly
+        once, when the request's last job has completed (now, if none is in
+        flight), and its state is dropped then.
         """
         state = self._requests.get(request_id)
         if state is None or state.finished:
@@ -258,9 +263,14 @@ class OffloadConnector:
         state.finished = True
         self._guard.release(state)
         self._touch_prefix(state)
-        self.manager.on_request_finished(state.ctx)
         if not state.has_jobs():
-            del self._requests[request_id]
+            self._drop(state)
+
+    def _drop(self, state: RequestState) -> None:
+        """A finished request's last job has completed (SPEC §3.4: the manager
+        hears it before the request's state is dropped)."""
+        self.manager.on_request_finished(state.ctx)
+        del self._requests[state.req_id]
 
     def _fence(self, tables: Sequence[Sequence[int]]) -> None:
         """Blocks (re)allocated to a request wait for the stores still reading them."""
@@ -367,6 +377,7 @@ class OffloadConnector:
             state.req_id, TransferDirection.STORE, prepared.keys_to_store
         )
         state.store_jobs.add(record.job_id)
+        state.jobs_in_flight += 1
         self._request_of[record.job_id] = state.req_id
         transfers = store_transfers(chunks, prepared)
         for transfer in transfers:
@@ -430,8 +441,11 @@ class OffloadConnector:
             self._complete_load(record, state, current)
         else:
             self._complete_store(record, state, current)
-        if state is not None and state.finished and not state.has_jobs():
-            del self._requests[record.request_id]
+        if state is None:
+            return
+        state.jobs_in_flight -= 1
+        if state.finished and not state.has_jobs():
+            self._drop(state)
 
     def _complete_load(
         self, record: JobRecord, state: RequestState | None, current: bool

@@ -155,8 +155,11 @@ class OffloadingManager(ABC):
     Call order for one request: `on_new_request` once, before any lookup; then any
     number of `lookup`/`lookup_prefix`, `prepare_load`/`complete_load` and
     `prepare_store`/`complete_store` pairs; `on_request_finished` exactly once,
-    after the request's last prepare call. Completions of jobs already submitted
-    may still arrive after it.
+    after the request's last prepare call and once every job of it has
+    completed (as in the seed): its last `complete_load`/`complete_store` comes
+    first, and no call for the request follows. Jobs that complete after a
+    `reset_cache` complete no pair (the reset dropped their chunks) but still
+    come before it.
 
     Pins and in-flight writes protect chunks from eviction: a chunk passed to
     `prepare_load` stays until the matching `complete_load`; a chunk returned by
@@ -264,7 +267,8 @@ class OffloadingManager(ABC):
         """First sight of a request, before any lookup: returns its offload policy."""
 
     def on_request_finished(self, ctx: ReqContext) -> None:
-        """The request will issue no more prepare calls (completions may follow)."""
+        """The request is done and its jobs have completed: no call for it
+        follows (see the call order above)."""
         del ctx
 
     def take_events(self) -> list[OffloadingEvent]:
