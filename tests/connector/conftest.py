@@ -116,7 +116,8 @@ class Harness:
     device_blocks: int | None = 64
     host_chunks: int = 256
     async_scheduling: bool = False
-    offload_prompt_only: bool = True
+    offload_prompt_only: bool | None = None
+    """`None`: the connector's default."""
     policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
     max_batched_tokens: int = 8192
     fail_job: Callable[[TransferJob], bool] | None = None
@@ -134,8 +135,13 @@ class Harness:
             GroupSpec(t, b)
             for t, b in zip(self.tokens_per_block, self.blocks_per_chunk, strict=True)
         )
+        prompt_only = (
+            {}
+            if self.offload_prompt_only is None
+            else {"offload_prompt_only": self.offload_prompt_only}
+        )
         self.connector = RecordingConnector(
-            ConnectorConfig(groups, offload_prompt_only=self.offload_prompt_only),
+            ConnectorConfig(groups, **prompt_only),
             self.manager,
             clock=self.clock,
             observer=self.observer,

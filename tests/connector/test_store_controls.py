@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvoffload import CPUOffloadingManager, ReqContext, offload_key_group
+from kvoffload import CPUOffloadingManager, ReqContext, chunk_keys, offload_key_group
 from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
 from kvoffload.engine_model import SimRequest
 from kvoffload.tiering import TieringManager
@@ -71,22 +71,26 @@ def test_kv_transfer_params_that_are_not_a_mapping_warn_once_and_are_ignored(
     assert "req-y" in warnings[0] and repr(params) in warnings[0]
 
 
-@pytest.mark.parametrize(("prompt_only", "expected"), [(True, 2), (False, 6)])
+@pytest.mark.parametrize(
+    ("prompt_only", "expected"),
+    [(None, 2), (True, 2), (False, 6)],
+    ids=["default", "on", "off"],
+)
 def test_offload_prompt_only(
-    async_scheduling: bool, prompt_only: bool, expected: int
+    async_scheduling: bool, prompt_only: bool | None, expected: int
 ) -> None:
     """Scenario: a 2-chunk prompt, then 4 chunks' worth of generated tokens.
 
-    49 tokens are generated: the last one's KV is never computed, so 48 are."""
+    49 tokens are generated: the last one's KV is never computed, so 48 are.
+    On (the default), exactly the prompt's 2 chunks are offered and stored; off,
+    the 4 chunks of generated tokens after them too, in prefix order."""
     h = Harness(async_scheduling=async_scheduling, offload_prompt_only=prompt_only)
     prompt = h.tokens(2 * CHUNK)
     req = h.request("r", prompt, output=h.tokens(4 * CHUNK + 1))
     h.run(req)
-    offered = h.manager.offered["r"]
-    assert len(offered) == expected
-    assert len(set(offered)) == expected
-    prompt_keys = [k for k in offered if offered.index(k) < 2]
-    assert len(prompt_keys) == 2
+    chunks = chunk_keys(list(req.block_hashes), CHUNK // h.hash_tokens, 0)
+    assert h.manager.offered["r"] == chunks[:expected]
+    assert h.manager.stored == chunks[:expected]
 
 
 def _evict_from_device(h: Harness, n: int = 3) -> None:

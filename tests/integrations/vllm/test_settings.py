@@ -34,6 +34,13 @@ def test_good_values_parse() -> None:
     assert parse().model_tag is None
 
 
+def test_offload_prompt_only_is_on_unless_turned_off() -> None:
+    """SPEC §3.7: the default is true (the seed measured 82% fewer writes)."""
+    assert parse().offload_prompt_only is True
+    assert parse(offload_prompt_only=True).offload_prompt_only is True
+    assert parse(offload_prompt_only=False).offload_prompt_only is False
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
