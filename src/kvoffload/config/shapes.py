@@ -78,7 +78,9 @@ def kind(value: object) -> str:
     return f"a value of type {type(value).__name__}"
 
 
-def config_mapping(value: object, where: str) -> dict[str, Any]:
+def config_mapping(
+    value: object, where: str, *, bare_keys: bool = False
+) -> dict[str, Any]:
     """`value` as a dict, once every level of it is of a shape settings can take.
 
     `value` must be a mapping; in it and in every mapping and list nested in it,
@@ -88,13 +90,29 @@ def config_mapping(value: object, where: str) -> dict[str, Any]:
     (`where`, then the keys and indices down to it) and what it is; string
     values are never shown (they may be passwords), keys are. The range of
     each setting is its own check's, which says what that setting takes.
+    With `bare_keys`, a setting of `value` itself is named by its key alone
+    (`ttl_s: ...`), as the component's own checks name it.
     """
     if not isinstance(value, Mapping):
         raise ValueError(
             f"{where}: {kind(value)} is not a mapping of setting names to values"
         )
-    _check_level(value, where, 1)
+    if bare_keys:
+        _check_keys(value, where)
+        for key, child in value.items():
+            _check_level(child, key, 2)
+    else:
+        _check_level(value, where, 1)
     return dict(value)
+
+
+def _check_keys(value: Mapping[Any, Any], where: str) -> None:
+    for key in value:
+        if not isinstance(key, str):
+            raise ValueError(
+                f"{where}: key {shown(key)} ({type(key).__name__}) is not a "
+                "string; setting names are strings"
+            )
 
 
 def _check_level(value: object, where: str, depth: int) -> None:
@@ -110,14 +128,8 @@ def _check_level(value: object, where: str, depth: int) -> None:
             )
         return
     if isinstance(value, Mapping):
-        children: list[tuple[str, object]] = []
-        for key, child in value.items():
-            if not isinstance(key, str):
-                raise ValueError(
-                    f"{where}: key {shown(key)} ({type(key).__name__}) is not a "
-                    "string; setting names are strings"
-                )
-            children.append((f"{where}[{shown(key)}]", child))
+        _check_keys(value, where)
+        children = [(f"{where}[{shown(key)}]", child) for key, child in value.items()]
     elif isinstance(value, list | tuple):
         children = [(f"{where}[{i}]", child) for i, child in enumerate(value)]
     else:

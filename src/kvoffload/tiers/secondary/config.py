@@ -40,7 +40,9 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
     all_fields = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]
     by_key = {_MAPPING_KEY.get(f.name, f.name): f.name for f in all_fields}
     kwargs: dict[str, Any] = {}
-    for key, value in config_mapping(mapping, f"{tier_type} tier").items():
+    for key, value in config_mapping(
+        mapping, f"{tier_type} tier", bare_keys=True
+    ).items():
         if key == "type":
             if value != tier_type:
                 raise ValueError(

@@ -54,7 +54,9 @@ def shown_value(value: object) -> str:
     string as a URL without its password, anything else (a tier's mapping
     where a list of them belongs, say) by its type only."""
     if isinstance(value, str):
-        return repr(redact_url(value))
+        text = repr(redact_url(value))
+        # Short, as every config message shows values (`kvoffload.config.shown`).
+        return text if len(text) <= 100 else f"{text[:48]}...{text[-48:]}"
     return f"a value of type {type(value).__name__}"
 
 
