@@ -73,11 +73,17 @@ def test_a_bad_duration_names_the_key_and_the_value(name: str, value: object) ->
         ({"backoff_max_s": 86400}, r"backoff_max_s: 86400 must be .* to 3600"),
         ({"miss_cache_s": 1e9}, r"miss_cache_s: 1000000000.0 must be .* to 86400"),
         ({"num_threads": 10**6}, r"num_threads: 1000000 must be an int from 1 to 256"),
-        ({"num_threads": 10**5000}, r"num_threads: <an int of about 5001 digits> is out of range"),
+        (
+            {"num_threads": 10**5000},
+            r"num_threads: <an int of about 5001 digits> is out of range",
+        ),
         ({"max_inflight_chunks": 0}, r"max_inflight_chunks: 0 must be an int from 1"),
         ({"key_prefix": "k" * 2000}, r"key_prefix: 'kkk.* must be at most 1024"),
         ({"key_prefix": b"kv"}, r"key_prefix: b'kv' must be a non-empty string"),
-        ({"batch_bytes": -(10**5000)}, r"batch_bytes: <a negative int of about 5001 digits> is out of range"),
+        (
+            {"batch_bytes": -(10**5000)},
+            r"batch_bytes: <a negative int of about 5001 digits> is out of range",
+        ),
         ({"batch_bytes": "2TiB"}, r"batch_bytes: '2TiB' must be from 1 to"),
         # Fewer connections than threads: calls fail as if the server were down.
         (

@@ -103,15 +103,27 @@ def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
             r"rescan_interval_s: <an int of about 5001 digits>",
         ),
         ({"num_threads": 257}, r"num_threads: 257 must be an int >= 1 and <= 256"),
-        ({"num_threads": 10**5000}, r"num_threads: <an int of about 5001 digits> must be"),
+        (
+            {"num_threads": 10**5000},
+            r"num_threads: <an int of about 5001 digits> must be",
+        ),
         ({"num_threads": 2.0}, r"num_threads: 2.0 must be an int >= 1"),
         (
             {"max_inflight_chunks": 2**20 + 1},
             r"max_inflight_chunks: 1048577 must be an int >= 1 and <= 1,048,576",
         ),
-        ({"capacity_bytes": 2**63}, r"capacity: 9223372036854775808 is more bytes .* at most 9223372036854775807"),
-        ({"capacity_bytes": "9" * 5000 + "TiB"}, r"capacity: '9+\.\.\.9+TiB' has more digits than any size"),
-        ({"capacity_bytes": 10**5000}, r"capacity: <an int of about 5001 digits> is more bytes than any"),
+        (
+            {"capacity_bytes": 2**63},
+            r"capacity: 9223372036854775808 is more bytes .* at most 9223372036854775807",
+        ),
+        (
+            {"capacity_bytes": "9" * 5000 + "TiB"},
+            r"capacity: '9+\.\.\.9+TiB' has more digits than any size",
+        ),
+        (
+            {"capacity_bytes": 10**5000},
+            r"capacity: <an int of about 5001 digits> is more bytes than any",
+        ),
         ({"path": "/kv\0"}, r"path: '/kv\\x00' must be .*without NUL"),
         ({"file_mode": "0644"}, r"file_mode: '0644' must be '0600' .* or '0660'"),
         ({"file_mode": 0o644}, r"file_mode: 420 must be '0600' .* or '0660'"),
@@ -198,7 +210,10 @@ def test_redis_config_errors(overrides: dict[str, object], message: str) -> None
             r"url: 'redis\+sentinel://app:\*\*\*@s1:0/cache': 's1:0' is not",
         ),
         ({"url": {"password": "s3cret"}}, r"url: a value of type dict is not a"),
-        ({"options": {"password": "s3cret", 1: 2}}, r"options: key 1 \(int\) is not a string"),
+        (
+            {"options": {"password": "s3cret", 1: 2}},
+            r"options: key 1 \(int\) is not a string",
+        ),
         ({"options": [("password", "s3cret")]}, r"options: a value of type list"),
     ],
 )
