@@ -7,6 +7,7 @@ CBOR, as an engine with prefix caching does).
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ def test_requests_vllm_did_not_hash_are_not_described() -> None:
 
 
 def test_a_chunk_host_memory_evicts_as_its_file_lands_is_announced_on_disk(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scenario: chunk K is stored in a one-slot host tier and written to the file
     tier; in the next step the file tier reports K written and another request's
@@ -164,7 +165,19 @@ def test_a_chunk_host_memory_evicts_as_its_file_lands_is_announced_on_disk(
     from kvoffload import CPUOffloadingManager, ReqContext
     from kvoffload.tiering import TieringConfig, TieringManager
     from kvoffload.tiers.secondary import ArrayChunkBuffer, FileTier, FileTierConfig
+    from kvoffload.tiers.secondary.file_io import ChunkFiles
 
+    # K's file write lands only after the first step's events are taken, as
+    # it would on a slow disk: without the gate a fast write could land in the
+    # first step already.
+    gate = threading.Event()
+    write = ChunkFiles.write
+
+    def gated_write(self: ChunkFiles, *args: Any, **kwargs: Any) -> Any:
+        gate.wait(30)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkFiles, "write", gated_write)
     buf = ArrayChunkBuffer(1, 64)
     disk = FileTier(FileTierConfig(str(tmp_path), "1MiB"), buf, "fp-test")
     host = CPUOffloadingManager(1, "lru", enable_events=True)
@@ -178,6 +191,7 @@ def test_a_chunk_host_memory_evicts_as_its_file_lands_is_announced_on_disk(
     manager.complete_store([key(0)], a)
     manager.on_schedule_end()
     assert [e.medium for e in events.translate(manager.take_events())] == ["CPU"]
+    gate.set()
     disk.drain()
 
     manager.on_new_request(b)
