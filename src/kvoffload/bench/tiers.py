@@ -365,20 +365,24 @@ def _rows(
                 chunk_nbytes >> 10,
                 n,
                 round(nbytes / _MIB, 1),
-                round(nbytes / statistics.median(mine) / 1e9, 2),
-                round(nbytes / statistics.median(times[f"plain/{d}"]) / 1e9, 2),
+                _gbps(nbytes, mine),
+                _gbps(nbytes, times[f"plain/{d}"]),
                 round(statistics.median(ratios), 3),
                 round(min(ratios), 3),
                 round(max(ratios), 3),
-                None
-                if not per_file
-                else round(nbytes / statistics.median(per_file) / 1e9, 2),
+                None if not per_file else _gbps(nbytes, per_file),
                 None
                 if not per_file
                 else round(statistics.median(_ratios(mine, per_file)), 3),
             )
         )
     return out
+
+
+def _gbps(nbytes: int, seconds: list[float]) -> float:
+    """GB/s of the median time, to three significant figures (a slow run on a
+    busy machine still shows a rate, not 0.00)."""
+    return float(f"{nbytes / statistics.median(seconds) / 1e9:.3g}")
 
 
 def _redis_rows(total: int, root: str, args: argparse.Namespace) -> list[Row]:

@@ -35,7 +35,7 @@ from tests.tiers.secondary.secondary_support import (
 )
 
 NUM_QUEUED = 32
-PAUSE_MS = 2000
+PAUSE_MS = 5000  # long enough for a loaded machine to queue the calls inside it
 
 
 class Clock:
