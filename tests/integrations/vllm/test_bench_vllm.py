@@ -49,4 +49,4 @@ def test_bench_reports_identical_outputs_and_loaded_tokens(
     assert rows[0]["loaded_tokens"] == 0
     for row in rows[1:]:
         assert row["loaded_tokens"] > 0, row
-    assert any((tmp_path / "kv").rglob("*")), "the file tier wrote chunk files"
+    assert any((tmp_path / "kv").rglob("*.kvc")), "the file tier wrote chunk files"

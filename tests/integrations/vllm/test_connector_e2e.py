@@ -141,7 +141,7 @@ def test_file_tier_serves_a_new_engine_on_the_same_directory(
     run(first_engine, A)
     evict(first_engine)  # steps enough for A's chunks to reach the disk
     first_engine.llm_engine.engine_core.shutdown()
-    assert any((tmp_path / "kv").rglob("*")), "chunk files were written"
+    assert any((tmp_path / "kv").rglob("*.kvc")), "chunk files were written"
 
     restarted = make(
         llm_factory, tiny_model, kv_transfer_config=kv_config(secondary_tiers=tiers)

@@ -29,12 +29,14 @@ def umask(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 def modes_under(root: Path) -> dict[str, int]:
-    """Permission bits of every directory and file under `root`, by path."""
+    """Permission bits of every directory and file under `root`, by path;
+    directories' paths end with `/`."""
     modes = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames]:
             path = os.path.join(dirpath, name)
-            modes[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
+            shown = os.path.relpath(path, root) + ("/" if name in dirnames else "")
+            modes[shown] = stat.S_IMODE(os.lstat(path).st_mode)
     return modes
 
 
@@ -67,9 +69,10 @@ def test_every_directory_is_0700_and_every_file_0600_whatever_the_umask(
     store(tier, buffer, [1, 2, 3])
     tier.shutdown()
     modes = modes_under(tmp_path)
-    directories = {p: m for p, m in modes.items() if not p.endswith(".kvc")}
-    files = {p: m for p, m in modes.items() if p.endswith(".kvc")}
-    assert len(files) == 3 and len(directories) >= 4
+    directories = {p: m for p, m in modes.items() if p.endswith("/")}
+    files = {p: m for p, m in modes.items() if not p.endswith("/")}
+    # Three chunk files and the directory's ledger (`file_ledger`).
+    assert len(files) == 4 and len(directories) >= 4
     assert set(directories.values()) == {0o700}, directories
     assert set(files.values()) == {0o600}, files
     assert temporaries and set(temporaries) == {0o600}
@@ -184,8 +187,7 @@ def test_a_file_system_refusing_chmod_still_gets_nothing_more_open_than_asked(
         os.umask(before)
     modes = modes_under(tmp_path)
     assert modes and all(
-        mode == (0o600 if path.endswith(".kvc") else 0o700)
-        for path, mode in modes.items()
+        mode == (0o700 if path.endswith("/") else 0o600) for path, mode in modes.items()
     ), modes
     warnings = [r for r in caplog.records if "cannot set mode" in r.getMessage()]
     assert len(warnings) == 1

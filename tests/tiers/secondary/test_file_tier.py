@@ -19,6 +19,7 @@ from kvoffload.tiers.secondary import (
     TierJob,
 )
 from kvoffload.tiers.secondary.file_io import chunk_file_size
+from kvoffload.tiers.secondary.file_ledger import LEDGER_NAME
 from kvoffload.tiers.secondary.file_temporary import STALE_TEMPORARY_S
 from kvoffload.worker import ChunkBuffer, GroupGeometry, HostPool, PoolGeometry
 from tests.tiers.secondary.secondary_support import (
@@ -32,6 +33,13 @@ from tests.tiers.secondary.secondary_support import (
 )
 
 FILE_SIZE = chunk_file_size(36, FINGERPRINT, GROUPS[0])
+
+
+def tier_files(root: Path) -> list[Path]:
+    """The files a tier at `root` wrote: its chunk files and any temporary
+    ones, not the directory's ledger (see `file_ledger`)."""
+    directory = root / FINGERPRINT
+    return [p for p in directory.rglob("*") if p.is_file() and p.name != LEDGER_NAME]
 
 
 def tier_at(
@@ -227,7 +235,7 @@ def test_evicted_file_of_another_size_is_deleted_not_reused(
     assert jobs.load([old, new], [4, 5]).success
     assert bytes(buffer.slot_view(4)[: GROUPS[1]]) == payload(old, GROUPS[1])
     assert bytes(buffer.slot_view(5)[: GROUPS[1]]) == payload(new, GROUPS[1])
-    files = [p for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file()]
+    files = tier_files(tmp_path)
     assert sum(p.stat().st_size for p in files) <= FILE_SIZE + small
     tier.shutdown()
 
@@ -237,7 +245,7 @@ def test_full_tier_reuses_evicted_files_and_leaves_no_temporary_files(
 ) -> None:
     tier = tier_at(tmp_path, buffer, capacity=2 * FILE_SIZE)
     store(tier, buffer, list(range(10)))
-    files = sorted(p.name for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file())
+    files = sorted(p.name for p in tier_files(tmp_path))
     assert files == sorted(f"{key(i).hex()}.kvc" for i in (8, 9))
     jobs = Jobs(tier)
     assert jobs.load([key(8), key(9)], [2, 3]).success
@@ -389,7 +397,7 @@ def test_reset_removes_every_file_of_the_fingerprint_only(
     tier.take_events()
     tier.reset_cache()
     assert [e.keys for e in tier.take_events() if e.removed] == [(key(1),)]
-    assert not [p for p in (tmp_path / FINGERPRINT).rglob("*") if p.is_file()]
+    assert not tier_files(tmp_path)
     assert resolve(tier, key(1)) is LookupResult.MISS
     assert Jobs(peer).load([key(2)], [3]).failed_keys == (key(2),)
     for aside in tmp_path.glob(f".{FINGERPRINT}.*.deleting"):

@@ -112,7 +112,7 @@ def test_a_damaged_slice_in_a_file_is_a_miss_not_wrong_data(
         k = key(8)
         fill(ranks, 0, k)
         assert jobs.store([k], [0]).success
-        (path,) = [p for p in (tmp_path / "t").rglob("*") if p.is_file()]
+        (path,) = (tmp_path / "t").rglob("*.kvc")
         data = bytearray(path.read_bytes())
         data[-SLOT // 2] ^= 0xFF  # inside the last rank's slice
         path.write_bytes(bytes(data))

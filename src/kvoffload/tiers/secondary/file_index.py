@@ -35,9 +35,14 @@ class FileIndex:
         self._sizes: dict[OffloadKey, int] = {}
         self._writing: set[OffloadKey] = set()
         self._pins: dict[OffloadKey, int] = {}
-        self._deleting: set[OffloadKey] = set()
+        self._deleting: dict[OffloadKey, int] = {}  # sizes of evicted files
         self._evictable_bytes = 0
         """Bytes of readable, unpinned chunks: what eviction could free now."""
+
+    @property
+    def deleting_bytes(self) -> int:
+        """Bytes of evicted chunks whose files may not be removed yet."""
+        return sum(self._deleting.values())
 
     @property
     def num_readable(self) -> int:
@@ -81,7 +86,7 @@ class FileIndex:
             victim_size = self._sizes.pop(victim)
             self.used_bytes -= victim_size
             self._evictable_bytes -= victim_size
-            self._deleting.add(victim)
+            self._deleting[victim] = victim_size
             victims.append(victim)
             deficit -= victim_size
         self._sizes[key] = size
@@ -132,7 +137,8 @@ class FileIndex:
 
     def deleted(self, keys: Sequence[OffloadKey]) -> None:
         """The files of evicted `keys` are gone; the keys may be written again."""
-        self._deleting.difference_update(keys)
+        for key in keys:
+            self._deleting.pop(key, None)
 
     def pin(self, key: OffloadKey) -> None:
         count = self._pins.get(key, 0)

@@ -52,6 +52,7 @@ from kvoffload.tiers.secondary.file_access import (
     restrict_directory,
     set_file_mode,
 )
+from kvoffload.tiers.secondary.file_entries import CountedEntries, open_ledger
 from kvoffload.tiers.secondary.file_scan import (
     CHUNK_SUFFIX,
     ScannedFile,
@@ -190,6 +191,11 @@ class ChunkFiles:
     Files are made with `file_mode` and directories with the matching
     `directory_mode`, whatever the umask; the fingerprint's directory, if this
     user's, is given that mode at start too (see `file_access`).
+
+    With `capacity`, every file made, renamed, reused or deleted is counted in
+    the directory's ledger (see `file_ledger`), and a new file that would take
+    the directory past `capacity` is refused (`DirectoryFullError`); where the
+    file system offers no lock, one warning, and nothing is counted.
     """
 
     def __init__(
@@ -199,6 +205,7 @@ class ChunkFiles:
         fsync: bool = False,
         direct: bool = True,
         file_mode: int = PRIVATE_FILE_MODE,
+        capacity: int | None = None,
     ) -> None:
         self.fingerprint = fingerprint
         self.directory = os.path.join(root, fingerprint)
@@ -213,6 +220,18 @@ class ChunkFiles:
             and file_system_type(self.directory) not in _MEMORY_FILE_SYSTEMS
         )
         self._pages = _HeaderPages()
+        ledger = open_ledger(self.directory, capacity, file_mode, self._directory_mode)
+        self._entries = CountedEntries(self.directory, self._directory_mode, ledger)
+
+    @property
+    def directory_bytes(self) -> int | None:
+        """The bytes of chunk and temporary files in the directory as its
+        ledger last counted them (every file of every engine writing there);
+        `None` without a ledger."""
+        return self._entries.ledger.total
+
+    def close(self) -> None:
+        self._entries.ledger.close()
 
     def check_writable(self) -> None:
         """Create and remove a file in the directory; raises the `OSError` of a
@@ -285,9 +304,9 @@ class ChunkFiles:
         size = sum(len(b) for b in buffers)
         direct = self._use_direct(data)
         tmp = path + temporary_suffix()
-        fd = self._reuse(recycle, tmp, direct) if recycle is not None else None
+        fd = self._reuse(recycle, tmp, direct, size) if recycle is not None else None
         if fd is None:
-            fd = self._create(tmp, direct)
+            fd = self._create(tmp, direct, size)
         try:
             try:
                 status = check_regular(fd, tmp)
@@ -304,16 +323,17 @@ class ChunkFiles:
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, path)
+            self._entries.rename_into_place(tmp, path)
         except OSError:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                self._entries.remove(tmp)
             raise
         return nbytes
 
-    def _create(self, tmp: str, direct: bool) -> int:
+    def _create(self, tmp: str, direct: bool, size: int) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        return self._open(partial(self._open_creating_dirs, tmp), flags, direct)
+        opener = partial(self._open, partial(self._open_creating_dirs, tmp), flags)
+        return self._entries.create(tmp, size, partial(opener, direct))
 
     def _open(self, opener: Callable[[int], int], flags: int, direct: bool) -> int:
         """`opener(flags)`, with O_DIRECT when `direct`. A file system that refuses
@@ -335,27 +355,24 @@ class ChunkFiles:
             make_directories(os.path.dirname(tmp), self._directory_mode)
             return open_file(tmp, flags, self._file_mode)
 
-    def _reuse(self, victim: OffloadKey, tmp: str, direct: bool) -> int | None:
-        """The evicted chunk's file, open for writing and renamed to `tmp`; or
-        `None` where it cannot be reused, its name then removed (the chunk is
-        evicted). Opened before the rename, so that only a regular file is
-        ever moved to the temporary name: a directory put there would make
-        every later write of this thread to that name fail."""
+    def _reuse(
+        self, victim: OffloadKey, tmp: str, direct: bool, size: int
+    ) -> int | None:
+        """The evicted chunk's file, of `size` bytes, open for writing and
+        renamed to `tmp`; or `None` where it cannot be reused, its name then
+        removed (the chunk is evicted). Opened before the rename, so that only
+        a regular file is ever moved to the temporary name: a directory put
+        there would make every later write of this thread to that name fail."""
         source = self.path(victim)
         try:
             fd = open_file(source, os.O_WRONLY | (_O_DIRECT if direct else 0))
-        except FileNotFoundError:
-            return None  # already gone (deleted by hand, say)
         except OSError:
-            self.delete(victim)  # O_DIRECT refused, say: `_create` makes a file
+            # Gone (deleted by hand, say: its count is corrected) or not to
+            # be opened so (O_DIRECT refused, say): `_create` makes a file.
+            self.delete(victim)
             return None
         try:
-            check_regular(fd, source)
-            try:
-                os.rename(source, tmp)
-            except FileNotFoundError:
-                make_directories(os.path.dirname(tmp), self._directory_mode)
-                os.rename(source, tmp)
+            self._entries.move(source, tmp, check_regular(fd, source), size)
         except OSError:
             os.close(fd)
             self.delete(victim)
@@ -406,9 +423,7 @@ class ChunkFiles:
         """Remove a chunk file (an evicted chunk's name, whatever is there); a
         missing file is fine, other errors are logged."""
         try:
-            os.unlink(self.path(key))
-        except FileNotFoundError:
-            pass
+            self._entries.remove(self.path(key))
         except OSError as exc:
             logger.warning("cannot delete chunk file %s: %s", self.path(key), exc)
 
@@ -426,7 +441,10 @@ class ChunkFiles:
             f".{self.fingerprint}.{uuid.uuid4().hex}{DELETING_SUFFIX}",
         )
         try:
-            os.rename(self.directory, aside)
+            # In a hold: no file is then being made or counted in the old
+            # directory, whose ledger goes with it; the new one counts afresh.
+            with self._entries.ledger.hold():
+                os.rename(self.directory, aside)
         except FileNotFoundError:
             aside = ""  # removed by hand, say: nothing to delete
         except OSError as exc:
@@ -454,4 +472,6 @@ class ChunkFiles:
     def scan(self, remove_abandoned: bool = False) -> Iterator[ScannedFile]:
         """Every chunk file in place; with `remove_abandoned`, the abandoned
         temporary files are removed (see `scan_chunk_files`)."""
-        return scan_chunk_files(self.directory, self.path, remove_abandoned)
+        return scan_chunk_files(
+            self.directory, self.path, remove_abandoned, self._entries.ledger
+        )

@@ -44,6 +44,7 @@ from kvoffload.tiers.secondary.executor import (
 from kvoffload.tiers.secondary.file_access import NotAChunkFileError
 from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
+from kvoffload.tiers.secondary.file_ledger import DirectoryFullError
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.tiers.secondary.file_scan import ScannedFile
 from kvoffload.tiers.secondary.file_space import (
@@ -75,7 +76,11 @@ def _chunk_files(config: FileTierConfig, fingerprint: str) -> ChunkFiles:
     """The tier's directory, made (privately) and found writable."""
     try:
         files = ChunkFiles(
-            config.path, fingerprint, config.fsync, file_mode=config.file_mode
+            config.path,
+            fingerprint,
+            config.fsync,
+            file_mode=config.file_mode,
+            capacity=config.capacity_bytes,
         )
         files.check_writable()
     except OSError as exc:
@@ -143,7 +148,7 @@ class FileTier(SecondaryTier):
             config.name, self._files.directory, config.capacity_bytes, largest, clock
         )
         self._space.start(self.used_bytes)
-        self._index.capacity_bytes = self._space.capacity_bytes
+        self._index.capacity_bytes = self.capacity_bytes
 
     @property
     def used_bytes(self) -> int:
@@ -152,9 +157,27 @@ class FileTier(SecondaryTier):
 
     @property
     def capacity_bytes(self) -> int:
-        """The capacity in force: the configured one, or less where the file
-        system holds less (see `file_space`)."""
-        return self._space.capacity_bytes
+        """The capacity in force: the configured one, less where the file
+        system holds less (see `file_space`), less the bytes other engines'
+        files take in the directory (see `_capacity_in_force`)."""
+        return self._capacity_in_force()
+
+    def _capacity_in_force(self, adopting: int = 0) -> int:
+        """What this tier may index: the directory's ledger counts every
+        engine's files, so the capacity less what it counts beyond this
+        tier's own (indexed, or evicted and not yet removed) is the room this
+        tier has, never less than one chunk file (a tier holding none would
+        never write, and so never see the ledger again). `adopting`: bytes of
+        a file about to be indexed that the ledger counts already. Between
+        two readings of the ledger this is an estimate; the ledger itself
+        refuses what would not fit."""
+        capacity = self._space.capacity_bytes
+        total = self._files.directory_bytes
+        if total is not None:
+            index = self._index
+            others = total - index.used_bytes - index.deleting_bytes - adopting
+            capacity = min(capacity, self.config.capacity_bytes - max(0, others))
+        return max(capacity, min(self._largest, self._space.capacity_bytes))
 
     def chunk_path(self, key: OffloadKey) -> str:
         """Where the file of `key` lives (whether or not it exists)."""
@@ -228,10 +251,13 @@ class FileTier(SecondaryTier):
             key = scanned.key
             if self._index.is_known(key) or not self._has_expected_size(scanned):
                 continue  # ours, or not what this tier's layout writes: left alone
+            # Its bytes are in the ledger already: indexing it takes no room.
+            self._index.capacity_bytes = self._capacity_in_force(scanned.size)
             reservation = self._index.add_existing(key, scanned.size)
             victims += reservation.victims
             if reservation.ok:
                 adopted.append(key)
+        self._index.capacity_bytes = self.capacity_bytes
         if victims:
             self._stats.evictions += len(victims)
             # A file adopted early in this pass may be a later one's victim:
@@ -287,13 +313,18 @@ class FileTier(SecondaryTier):
         self._jobs[job.job_id] = _JobRecord(
             job, True, tuple(started), tuple(refused), tuple(victims)
         )
-        tasks = [
-            Task(batch, partial(self._write_batch, job, batch, recycle))
-            for batch in self._batches(started)
-        ]
         unused = tuple(v for group in spare.values() for v in group)
         if unused:
-            tasks.append(Task((), partial(self._delete_batch, unused)))
+            # Their room is for this job's files: the directory's ledger
+            # counts them until they are gone, so they go first.
+            writes = tuple(started)
+            run = partial(self._delete_then_write, job, writes, recycle, unused)
+            tasks = [Task(writes, run)]
+        else:
+            tasks = [
+                Task(batch, partial(self._write_batch, job, batch, recycle))
+                for batch in self._batches(started)
+            ]
         self._executor.submit(job.job_id, tasks)
 
     def _file_size(self, key: OffloadKey) -> int:
@@ -327,7 +358,7 @@ class FileTier(SecondaryTier):
         if self._rescan is not None:
             self._adopt_shared(self._rescan)
         self._space.poll(self._index.used_bytes, self._rescans.submit_call)
-        self._index.capacity_bytes = self._space.capacity_bytes
+        self._index.capacity_bytes = self.capacity_bytes
         out = []
         for result in self._executor.take_finished():
             record = self._jobs.pop(result.job_id)
@@ -349,7 +380,7 @@ class FileTier(SecondaryTier):
             self._index.commit(key, False)
         self._index.deleted(record.victims)
         self._space.job_done(record.job.job_id, self._index.used_bytes)
-        self._index.capacity_bytes = self._space.capacity_bytes
+        self._index.capacity_bytes = self.capacity_bytes
         stats = self._stats
         stats.chunks_stored += len(stored)
         stats.bytes_stored += result.num_bytes
@@ -415,12 +446,13 @@ class FileTier(SecondaryTier):
     def shutdown(self) -> None:
         self._executor.shutdown()
         self._rescans.shutdown()
+        self._files.close()
 
     def get_stats(self) -> TierStats:
         return replace(
             self._stats,
             occupancy=self._index.num_readable,
-            capacity=self._space.capacity_bytes // self._largest,
+            capacity=self.capacity_bytes // self._largest,
         )
 
     # -- on I/O threads ----------------------------------------------------------
@@ -441,6 +473,11 @@ class FileTier(SecondaryTier):
             views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
                 num_bytes += self._files.write(key, views, recycle.get(i))
+            except DirectoryFullError:
+                # Other engines' files fill the directory: skipped; the
+                # capacity in force now counts them (see `_capacity_in_force`).
+                failed.append(i)
+                full.append(i)
             except OSError as exc:
                 failed.append(i)
                 if exc.errno in NO_SPACE_ERRNOS:
@@ -505,7 +542,13 @@ class FileTier(SecondaryTier):
             )
         return BatchOutcome([*failed, *lost], num_bytes, lost)
 
-    def _delete_batch(self, keys: tuple[OffloadKey, ...]) -> BatchOutcome:
-        for key in keys:
+    def _delete_then_write(
+        self,
+        job: TierJob,
+        indices: tuple[int, ...],
+        recycle: dict[int, OffloadKey],
+        victims: tuple[OffloadKey, ...],
+    ) -> BatchOutcome:
+        for key in victims:
             self._files.delete(key)
-        return BatchOutcome((), 0)
+        return self._write_batch(job, indices, recycle)
