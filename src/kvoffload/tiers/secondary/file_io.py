@@ -445,6 +445,7 @@ class ChunkFiles:
             # directory, whose ledger goes with it; the new one counts afresh.
             with self._entries.ledger.hold():
                 os.rename(self.directory, aside)
+            self._entries.ledger.forget()
         except FileNotFoundError:
             aside = ""  # removed by hand, say: nothing to delete
         except OSError as exc:

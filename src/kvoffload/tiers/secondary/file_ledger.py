@@ -180,6 +180,8 @@ class SpaceLedger:
         self._count_all = count_all
         self._lock = _process_lock(self.path)
         self._fd: int | None = None
+        self._mark = bytearray(len(_MAGIC))
+        self._counts = np.zeros(_SLOTS, _COUNT)
         self.total: int | None = None
         """The total of the latest hold: the directory's bytes as last seen."""
 
@@ -189,9 +191,10 @@ class SpaceLedger:
         locked or read, or a count that grows cannot be written: the caller
         then makes no file."""
         with self._lock:
-            fd = self._locked()
+            fd, size = self._locked()
             try:
-                book = LedgerBook(self._read(fd), self.capacity, partial(_write, fd))
+                counts = self._read(fd, size)
+                book = LedgerBook(counts, self.capacity, partial(_write, fd))
                 try:
                     yield book
                 finally:
@@ -210,14 +213,19 @@ class SpaceLedger:
             # than there is until a scan recounts.
             logger.warning("cannot write %s: %s", self.path, exc)
 
+    def forget(self) -> None:
+        """The directory was replaced (a reset): the total seen is unknown
+        until the next hold."""
+        self.total = None
+
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
 
-    def _locked(self) -> int:
-        """The ledger's descriptor, locked: the file now at `path`. One that
+    def _locked(self) -> tuple[int, int]:
+        """The ledger's descriptor, locked, and its size: the file now at `path`. One that
         was renamed aside (with its directory, by a reset) or removed while
         this process waited is closed and the one in its place opened."""
         for _ in range(_REOPENS):
@@ -233,7 +241,7 @@ class SpaceLedger:
                 mine.st_dev,
                 mine.st_ino,
             ):
-                return self._fd
+                return self._fd, mine.st_size
             os.close(self._fd)  # releases the lock
             self._fd = None
         raise OSError(errno.EAGAIN, "the ledger kept being replaced", self.path)
@@ -252,14 +260,17 @@ class SpaceLedger:
             raise
         return fd
 
-    def _read(self, fd: int) -> npt.NDArray[np.uint64]:
-        """The counts; a file that is not a ledger (new and empty, cut short,
-        damaged by hand) is counted afresh and made one, its counts written
-        before its mark, so that one left half written is counted again."""
-        data = os.pread(fd, _LEDGER_SIZE + 1, 0)
-        if len(data) == _LEDGER_SIZE and data.startswith(_MAGIC):
-            return np.frombuffer(data, _COUNT, offset=len(_MAGIC)).copy()
-        counts = np.asarray(self._count_all(), _COUNT)
+    def _read(self, fd: int, size: int) -> npt.NDArray[np.uint64]:
+        """The counts (in a buffer reused by every hold); a file that is not a
+        ledger (new and empty, cut short, damaged by hand) is counted afresh
+        and made one, its counts written before its mark, so that one left
+        half written is counted again."""
+        counts = self._counts
+        if size == _LEDGER_SIZE:
+            got = os.preadv(fd, [self._mark, counts.data.cast("B")], 0)
+            if got == _LEDGER_SIZE and self._mark == _MAGIC:
+                return counts
+        counts[:] = self._count_all()
         os.ftruncate(fd, 0)
         os.ftruncate(fd, _LEDGER_SIZE)  # zeros, which take no room until written
         for slot in np.flatnonzero(counts):
@@ -286,6 +297,9 @@ class NoLedger:
     @contextlib.contextmanager
     def hold(self) -> Iterator[LedgerBook]:
         yield LedgerBook(np.zeros(_SLOTS, _COUNT), 2**63, lambda slot, count: None)
+
+    def forget(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
