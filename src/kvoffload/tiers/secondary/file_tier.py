@@ -32,24 +32,20 @@ from kvoffload.tiers.secondary.base import (
     TierJob,
     TierJobResult,
 )
-from kvoffload.tiers.secondary.codec import CorruptChunkError, validate_fingerprint
+from kvoffload.tiers.secondary.codec import validate_fingerprint
 from kvoffload.tiers.secondary.config import FileTierConfig
 from kvoffload.tiers.secondary.executor import (
-    BatchOutcome,
     ExecutorResult,
     JobExecutor,
     Task,
     split_indices,
 )
-from kvoffload.tiers.secondary.file_access import NotAChunkFileError
+from kvoffload.tiers.secondary.file_batches import FileBatches
 from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
-from kvoffload.tiers.secondary.file_ledger import DirectoryFullError
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.tiers.secondary.file_scan import ScannedFile
 from kvoffload.tiers.secondary.file_space import (
-    NO_SPACE_ERRNOS,
-    TOO_BIG_ERRNOS,
     TierSpace,
 )
 from kvoffload.worker import ChunkBuffer
@@ -149,6 +145,9 @@ class FileTier(SecondaryTier):
         )
         self._space.start(self.used_bytes)
         self._index.capacity_bytes = self.capacity_bytes
+        self._io = FileBatches(
+            config.name, self._files, buffer, self._space, self._file_size
+        )
 
     @property
     def used_bytes(self) -> int:
@@ -318,11 +317,11 @@ class FileTier(SecondaryTier):
             # Their room is for this job's files: the directory's ledger
             # counts them until they are gone, so they go first.
             writes = tuple(started)
-            run = partial(self._delete_then_write, job, writes, recycle, unused)
+            run = partial(self._io.delete_then_write, job, writes, recycle, unused)
             tasks = [Task(writes, run)]
         else:
             tasks = [
-                Task(batch, partial(self._write_batch, job, batch, recycle))
+                Task(batch, partial(self._io.write, job, batch, recycle))
                 for batch in self._batches(started)
             ]
         self._executor.submit(job.job_id, tasks)
@@ -343,7 +342,7 @@ class FileTier(SecondaryTier):
                 refused.append(key)
         self._jobs[job.job_id] = _JobRecord(job, False, tuple(started), tuple(refused))
         tasks = [
-            Task(batch, partial(self._read_batch, job, batch))
+            Task(batch, partial(self._io.read, job, batch))
             for batch in self._batches(started)
         ]
         self._executor.submit(job.job_id, tasks)
@@ -454,101 +453,3 @@ class FileTier(SecondaryTier):
             occupancy=self._index.num_readable,
             capacity=self.capacity_bytes // self._largest,
         )
-
-    # -- on I/O threads ----------------------------------------------------------
-
-    def _write_batch(
-        self, job: TierJob, indices: tuple[int, ...], recycle: dict[int, OffloadKey]
-    ) -> BatchOutcome:
-        """Write the chunks at `indices`. A write the disk has no room for is
-        `full` (a skipped store) and its bytes are noted for `_finish_store`,
-        which lowers the capacity; any other error fails the store."""
-        failed: list[int] = []
-        full: list[int] = []
-        no_space = 0
-        errors: list[OSError] = []
-        num_bytes = 0
-        for i in indices:
-            key = job.keys[i]
-            views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
-            try:
-                num_bytes += self._files.write(key, views, recycle.get(i))
-            except DirectoryFullError:
-                # Other engines' files fill the directory: skipped; the
-                # capacity in force now counts them (see `_capacity_in_force`).
-                failed.append(i)
-                full.append(i)
-            except OSError as exc:
-                failed.append(i)
-                if exc.errno in NO_SPACE_ERRNOS:
-                    no_space += self._file_size(key)
-                    full.append(i)
-                elif exc.errno in TOO_BIG_ERRNOS:
-                    full.append(i)
-                else:
-                    errors.append(exc)
-        if no_space:
-            self._space.note_no_space(job.job_id, no_space)
-        if full:
-            logger.debug("%s: %d chunk writes found no room", self.name, len(full))
-        if errors:
-            logger.warning(
-                "%s: %d of %d chunk writes failed (first: %s)",
-                self.name,
-                len(errors),
-                len(indices),
-                errors[0],
-            )
-        return BatchOutcome(failed, num_bytes, full=full)
-
-    def _read_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
-        """Read the chunks at `indices`. A file failing a check is deleted and,
-        like a file that is gone, lost; any other error fails the load only."""
-        failed: list[int] = []
-        lost: list[int] = []
-        errors: list[OSError] = []
-        num_bytes = 0
-        for i in indices:
-            key = job.keys[i]
-            views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
-            try:
-                num_bytes += self._files.read(key, views)
-            except CorruptChunkError as exc:
-                # Wrong bytes: never loaded, and deleted so it is a miss.
-                logger.warning("%s: dropping chunk %s: %s", self.name, key.hex(), exc)
-                self._files.delete(key)
-                lost.append(i)
-            except FileNotFoundError:
-                lost.append(i)  # evicted by an engine sharing the directory, say
-            except NotAChunkFileError as exc:
-                # Not a file this tier wrote (a FIFO, a directory, a link): a
-                # miss from now on, left in place, as it is not the tier's.
-                logger.warning(
-                    "%s: passing over %s: %s", self.name, self.chunk_path(key), exc
-                )
-                lost.append(i)
-            except OSError as exc:
-                # No descriptors, memory or permission, an I/O error: nothing
-                # known to be wrong with the file, which a later load may read.
-                errors.append(exc)
-                failed.append(i)
-        if errors:
-            logger.warning(
-                "%s: %d of %d chunk reads failed, files kept (first: %s)",
-                self.name,
-                len(errors),
-                len(indices),
-                errors[0],
-            )
-        return BatchOutcome([*failed, *lost], num_bytes, lost)
-
-    def _delete_then_write(
-        self,
-        job: TierJob,
-        indices: tuple[int, ...],
-        recycle: dict[int, OffloadKey],
-        victims: tuple[OffloadKey, ...],
-    ) -> BatchOutcome:
-        for key in victims:
-            self._files.delete(key)
-        return self._write_batch(job, indices, recycle)
