@@ -33,8 +33,6 @@ import time
 import traceback
 from typing import Any
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-
 PAGE = 4 * 131072  # one block of all four layers of the tiny model, float32
 DEVICE = {"kv_cache_memory_bytes": 17 * PAGE, "max_num_batched_tokens": 2048}
 _out = threading.Lock()
@@ -151,4 +149,5 @@ def main(config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM is imported
     main(json.loads(sys.argv[1]))

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import pytest
 
+from kvoffload import OffloadKey
 from kvoffload.integrations.vllm.model_builder import BuiltModel, synthetic_text
 from kvoffload.tiers.secondary.file_io import ChunkFiles
 from kvoffload.tiers.secondary.file_ledger import SpaceLedger
@@ -77,7 +78,8 @@ class Engine:
                 env=env,
             )
         assert self.proc.stdout is not None
-        self.replies, self.events = queue.Queue(), queue.Queue()
+        self.replies: queue.Queue[str] = queue.Queue()
+        self.events: queue.Queue[str] = queue.Queue()
         reader = partial(self._read, self.proc.stdout, self.replies, self.events)
         threading.Thread(target=reader, daemon=True).start()
 
@@ -94,11 +96,12 @@ class Engine:
 
     def _next(self, timeout_s: float) -> str:
         try:
-            return self.replies.get(timeout=timeout_s)
+            line: str = self.replies.get(timeout=timeout_s)
         except queue.Empty:
             raise AssertionError(
                 f"engine {self.name}: no reply in {timeout_s} s"
             ) from None
+        return line
 
     def ready(self) -> None:
         line = self._next(START_S)
@@ -241,8 +244,8 @@ def intact(directory: Path) -> bool:
     fingerprint = directory.name
     files = ChunkFiles(str(directory.parent), fingerprint, direct=False)
     for path in chunk_files(directory):
-        key = bytes.fromhex(path.name.removesuffix(".kvc"))
-        files.read(key, [memoryview(bytearray(PAGE))])  # type: ignore[arg-type]
+        key = OffloadKey(bytes.fromhex(path.name.removesuffix(".kvc")))
+        files.read(key, [memoryview(bytearray(PAGE))])
     return True
 
 

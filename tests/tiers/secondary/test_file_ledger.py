@@ -197,7 +197,7 @@ def _killed_in_a_hold(root: str, capacity: int, when: str) -> None:
     if when == "counted":
         os.open = die_at_open  # type: ignore[assignment]
     else:
-        os.pwritev = die_mid_write
+        os.pwritev = die_mid_write  # type: ignore[assignment]
     data = payload(key(9), GROUPS[0])
     files.write(key(9), [memoryview(data)])
 
