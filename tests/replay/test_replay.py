@@ -227,3 +227,17 @@ def test_p90_ttft_of_two_requests_is_the_slower_one(tmp_path: Path) -> None:
     result = run_replay(load_mooncake(both), "lru", 100, settings)
     assert result.est_ttft_s < cold
     assert result.p90_ttft_s == pytest.approx(cold)
+
+
+def test_a_device_cache_smaller_than_the_longest_request_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Scenario: with --device-tokens below one request's prompt and output, that
+    request waited for room forever and the replay never ended."""
+    workload = load_mooncake(_write_trace(tmp_path / "t.jsonl"))
+    longest = max(
+        r.num_prompt_tokens + r.num_output_tokens - 1 for r in workload.requests
+    )
+    with pytest.raises(ValueError, match="--device-tokens 2,048 cannot hold"):
+        ReplaySettings(512, device_tokens=2048).validate(workload)
+    ReplaySettings(512, device_tokens=-(-longest // 512) * 512).validate(workload)

@@ -52,6 +52,13 @@ class DeviceCache:
             for t, ids in zip(self.tokens_per_block, tables, strict=True)
         ]
 
+    def can_hold(self, tokens: int) -> bool:
+        """Whether the whole device, empty, holds `tokens` tokens of one request."""
+        return all(
+            pool.num_blocks is None or math.ceil(tokens / t) <= pool.num_blocks
+            for pool, t in zip(self.pools, self.tokens_per_block, strict=True)
+        )
+
     def fits(
         self, needed: Sequence[int], acquiring: Sequence[Sequence[int]] = ()
     ) -> bool:

@@ -13,6 +13,7 @@ as with vLLM's overlapped scheduler.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,10 @@ from kvoffload.engine_model.request import RequestStatus, SimRequest
 from kvoffload.engine_model.timing import TimeModel
 from kvoffload.engine_model.worker import SimulatedWorker
 from kvoffload.worker.base import JobResult, TransferJob
+
+# Idle steps in a row that move the clock no further and meet no event: past this
+# nothing can change any more (a deferral lasts four such ticks at most).
+MAX_IDLE_WITHOUT_PROGRESS = 64
 
 
 class SimClock:
@@ -94,13 +99,23 @@ class EngineModel:
             tuple[float, int, SimRequest, tuple[tuple[int, ...], ...]]
         ] = []
         self._decode_seq = 0
+        self._stalled_idles = 0
         self.steps = 0
 
     # -- driving -----------------------------------------------------------------
 
     def add(self, requests: Iterable[SimRequest]) -> None:
-        """Queue requests (in arrival order)."""
-        for request in sorted(requests, key=lambda r: r.arrival):
+        """Queue requests (in arrival order); `ValueError` for one the device
+        could never hold, which would wait forever (vLLM refuses it too)."""
+        ordered = sorted(requests, key=lambda r: r.arrival)
+        for request in ordered:
+            if not self.device.can_hold(request.max_kv_tokens):
+                raise ValueError(
+                    f"request {request.request_id} needs {request.max_kv_tokens:,} "
+                    f"tokens of KV, more than the device's "
+                    f"{self.config.device_blocks:,} blocks per group hold"
+                )
+        for request in ordered:
             self._arrivals.append(request)
             self._by_id[request.request_id] = request
 
@@ -153,10 +168,16 @@ class EngineModel:
         if not scheduled and (plan is None or plan.empty):
             self._idle()
             return
+        self._stalled_idles = 0
         start = self.clock.now
         if plan is not None and plan.wait_for:
             start = max(start, self.worker.finish_time(plan.wait_for))
         duration = self._step_seconds(work) * macro
+        if not math.isfinite(start + duration):
+            raise ValueError(
+                f"engine model clock overflowed at step {self.steps}: the time "
+                "model's costs are too large for this workload"
+            )
         if plan is not None:
             for job in plan.loads:
                 self.worker.submit(job, start)
@@ -185,14 +206,20 @@ class EngineModel:
         """Nothing to compute: jump to the next arrival or job completion."""
         if not self.has_work() or self._late_results:
             return  # late results are delivered by the next step
-        events = self._upcoming()
+        upcoming = self._upcoming()
+        events = list(upcoming)
         if self.waiting and self.connector is not None:
             events.append(self.clock.now + self.connector.config.max_defer_s / 4)
         nxt = min(events, default=None)
-        if nxt is None:
+        # Only an event from outside (arrival, transfer, decode) later than now
+        # can unblock a waiting request; a deferral tick alone ends deferrals.
+        stalled = not (upcoming and min(upcoming) > self.clock.now)
+        self._stalled_idles = self._stalled_idles + 1 if stalled else 0
+        if nxt is None or self._stalled_idles > MAX_IDLE_WITHOUT_PROGRESS:
             stuck = [r.request_id for r in self.waiting]
             raise RuntimeError(
-                f"engine model cannot make progress; waiting: {stuck[:5]}"
+                f"engine model cannot make progress at t={self.clock.now:g} s; "
+                f"waiting: {stuck[:5]}"
             )
         self.clock.now = max(self.clock.now, nxt)
         if self.connector is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -75,6 +76,30 @@ class SimRequest:
     scheduled_once: bool = False
     lookahead: int = 0
     """Tokens a multi-token decode step will generate, visible to the connector."""
+
+    def __post_init__(self) -> None:
+        # A NaN arrival is never admitted and stalls the clock: refuse it here.
+        if not math.isfinite(self.arrival):
+            raise ValueError(
+                f"request {self.request_id}: arrival must be finite, got {self.arrival!r}"
+            )
+        if self.num_prompt_tokens < 1 or self.max_output_tokens < 0:
+            raise ValueError(
+                f"request {self.request_id}: needs num_prompt_tokens >= 1 and "
+                f"max_output_tokens >= 0, got {self.num_prompt_tokens!r} and "
+                f"{self.max_output_tokens!r}"
+            )
+        if self.hash_block_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id}: hash_block_tokens must be >= 1, "
+                f"got {self.hash_block_tokens!r}"
+            )
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Tokens whose KV the request holds at most (the last sampled token's
+        KV is never computed)."""
+        return self.num_prompt_tokens + max(self.max_output_tokens, 1) - 1
 
     @property
     def num_tokens(self) -> int:

@@ -53,6 +53,23 @@ class ReplaySettings:
             )
         if self.device_tokens < 0:
             raise ValueError(f"--device-tokens must be >= 0, got {self.device_tokens}")
+        if self.device_tokens:
+            # A request the device cannot hold whole would wait for room forever.
+            # (Its last sampled token's KV is never computed.)
+            longest = max(
+                (
+                    r.num_prompt_tokens + max(r.num_output_tokens, 1) - 1
+                    for r in workload.requests
+                ),
+                default=0,
+            )
+            needed = -(-longest // block) * block
+            if self.device_tokens < needed:
+                raise ValueError(
+                    f"--device-tokens {self.device_tokens:,} cannot hold the longest "
+                    f"request ({longest:,} tokens with its output); give 0 (no "
+                    f"device cache) or at least {needed:,}"
+                )
 
 
 @dataclass(frozen=True)
