@@ -64,7 +64,7 @@ def test_trace_files_that_cannot_be_replayed_are_usage_errors(
     assert str(missing) in usage_error(["replay", str(missing)], capsys)
     garbled = tmp_path / "garbled.jsonl"
     garbled.write_text('{"timestamp": 0}\n')
-    assert f"{garbled}:1: not a Mooncake record" in usage_error(
+    assert f"{garbled}:1: input_length: missing" in usage_error(
         ["replay", str(garbled), "--jobs", "1"], capsys
     )
     assert str(missing) in usage_error(["demo", "--trace", str(missing)], capsys)
