@@ -12,6 +12,9 @@ import pytest
 from kvoffload.cli import main as kvoffload_main
 from kvoffload.engine_model import TimeModel
 
+# Every command here must stop before it replays; one that once hung then fails.
+pytestmark = pytest.mark.usefixtures("no_replay")
+
 SMALL = ["replay", "--workload", "chat-agents", "--limit", "20", "--jobs", "1"]
 
 
@@ -57,17 +60,76 @@ def test_an_unknown_policy_is_a_usage_error_listing_the_known_ones(
     assert "argument --policy: " in err and "'fifo'" in err and "'arc'" in err
 
 
-def test_trace_files_that_cannot_be_replayed_are_usage_errors(
+def trace_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a run with a trace that cannot be replayed prints (status 1)."""
+    assert kvoffload_main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    (line,) = captured.err.splitlines()
+    return line
+
+
+def test_trace_files_that_cannot_be_read_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "missing.jsonl"
-    assert str(missing) in usage_error(["replay", str(missing)], capsys)
+    line = trace_error(["replay", str(missing)], capsys)
+    assert line == (
+        f"kvoffload replay: error: {missing}: cannot read the trace: "
+        "No such file or directory"
+    )
+    assert "cannot read the trace" in trace_error(["replay", str(tmp_path)], capsys)
     garbled = tmp_path / "garbled.jsonl"
     garbled.write_text('{"timestamp": 0}\n')
-    assert f"{garbled}:1: input_length: missing" in usage_error(
+    assert f"{garbled}:1: input_length: missing" in trace_error(
         ["replay", str(garbled), "--jobs", "1"], capsys
     )
-    assert str(missing) in usage_error(["demo", "--trace", str(missing)], capsys)
+    assert str(missing) in trace_error(["demo", "--trace", str(missing)], capsys)
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        (
+            '{"timestamp": NaN, "input_length": 600, "output_length": 5, '
+            '"hash_ids": [1, 2]}',
+            "timestamp",
+        ),  # the replay looped forever
+        (
+            '{"timestamp": 0, "input_length": 600, "output_length": 1048577, '
+            '"hash_ids": [1, 2]}',
+            "output_length",
+        ),  # 100000000000 ran unbounded (and filled memory)
+        (
+            '{"timestamp": Infinity, "input_length": 600, "output_length": 5, '
+            '"hash_ids": [1, 2]}',
+            "timestamp",
+        ),  # NaN in the JSON output
+        (
+            '{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}',
+            "input_length",
+        ),  # IndexError with drop
+    ],
+)
+def test_a_malformed_trace_line_is_one_line_naming_file_line_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, field: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    good = (
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}'
+    )
+    trace.write_text(good + "\n" + line + "\n")
+    argv = ["replay", str(trace), "--json", "--jobs", "1", "--partial-block", "drop"]
+    message = trace_error(argv, capsys)
+    assert message.startswith(f"kvoffload replay: error: {trace}:2: {field}: ")
+
+
+def test_an_empty_trace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "empty.jsonl"
+    trace.write_text("")
+    assert "the trace is empty" in trace_error(["replay", str(trace)], capsys)
 
 
 def test_a_trace_and_a_workload_together_are_a_usage_error(

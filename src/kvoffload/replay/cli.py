@@ -33,7 +33,7 @@ from kvoffload.replay.generators import (
     chat_agents,
     reasoning,
 )
-from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, load_mooncake
+from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, load_mooncake
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
@@ -152,15 +152,21 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """`replay_main`, with bad input (options that conflict, a trace that cannot
-    be read or parsed, settings the replay refuses, a report directory that
-    cannot be written) reported by `parser` as a usage error, not a traceback."""
+    """`replay_main`, with bad input reported in one line, never a traceback.
+
+    Options that conflict, settings the replay refuses and a report directory
+    that cannot be written are usage errors from `parser` (exit status 2); a
+    trace that cannot be read or replayed is one line naming its file, line and
+    field (exit status 1)."""
     if args.trace and args.workload:
         parser.error("give a trace or --workload, not both")
     try:
         return replay_main(args)
+    except TraceError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
-        parser.error(str(exc))
+        parser.error(" ".join(str(exc).splitlines()))
 
 
 def _time_model(args: argparse.Namespace) -> TimeModel:
@@ -212,6 +218,30 @@ def _load(args: argparse.Namespace, scale: float) -> Workload:
     return w
 
 
+def _stretch(workload: Workload, scale: float) -> Workload:
+    """`workload` with arrivals times `scale` (as reading it at that scale gives:
+    a trace is read once, so it may be a pipe)."""
+    try:
+        requests = tuple(
+            replace(r, arrival=r.arrival * scale) for r in workload.requests
+        )
+    except ValueError as exc:
+        raise ValueError(f"arrivals stretched x{scale:g}: {exc}") from None
+    return replace(workload, requests=requests)
+
+
+def _scaled_workload(args: argparse.Namespace, tm: TimeModel) -> tuple[Workload, float]:
+    """The workload to replay, arrivals stretched per --time-scale, and the stretch."""
+    unscaled = _load(args, 1.0)
+    if args.time_scale == "auto":
+        scale = _auto_scale(unscaled, tm, args.target_load)
+    else:
+        scale = float(args.time_scale)
+    if scale == 1.0:
+        return unscaled, scale
+    return (_stretch(unscaled, scale) if args.trace else _load(args, scale)), scale
+
+
 def _auto_scale(workload: Workload, tm: TimeModel, target: float) -> float:
     """Arrival stretch that puts the modeled engine at `target` of its prefill capacity."""
     reqs = workload.requests
@@ -244,11 +274,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         print("\n".join(policy_names()))
         return 0
     tm = _time_model(args)
-    if args.time_scale == "auto":
-        scale = _auto_scale(_load(args, 1.0), tm, args.target_load)
-    else:
-        scale = float(args.time_scale)
-    workload = _load(args, scale)
+    workload, scale = _scaled_workload(args, tm)
     block_format = args.trace or args.workload in SYNTHETIC_WORKLOADS
     chunk = args.chunk_tokens or (
         MOONCAKE_BLOCK_TOKENS if block_format else 16 * workload.hash_block_tokens
