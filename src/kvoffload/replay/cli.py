@@ -12,21 +12,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from kvoffload.engine_model import TimeModel
 from kvoffload.policies import policy_names
-from kvoffload.replay import report
-from kvoffload.replay.cli_types import (
-    non_negative_float,
-    non_negative_int,
-    policy_name,
-    positive_float,
-    positive_int,
-    time_scale,
-)
+from kvoffload.replay import limits, report
+from kvoffload.replay.cli_types import float_in, int_in, policy_name, time_scale
 from kvoffload.replay.generators import (
     ChatAgentsSpec,
     ReasoningSpec,
@@ -48,7 +42,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload", choices=WORKLOADS, help="replay a generated workload instead"
     )
-    parser.add_argument("--seed", type=int, help="seed of the generated workload")
+    parser.add_argument(
+        "--seed",
+        type=int_in(0, limits.MAX_SEED),
+        help="seed of the generated workload",
+    )
     parser.add_argument(
         "--policy",
         action="append",
@@ -58,32 +56,33 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--list-policies", action="store_true", help="print the policy names and exit"
     )
-    parser.add_argument(
+    capacity = parser.add_mutually_exclusive_group()
+    capacity.add_argument(
         "--capacity-chunks",
-        type=positive_int,
+        type=int_in(1, limits.MAX_CAPACITY_CHUNKS),
         nargs="+",
         help="host tier capacities in chunks",
     )
-    parser.add_argument(
+    capacity.add_argument(
         "--capacity-tokens",
-        type=positive_int,
+        type=int_in(1, limits.MAX_CAPACITY_TOKENS),
         nargs="+",
         help="host tier capacities in tokens",
     )
     parser.add_argument(
         "--chunk-tokens",
-        type=positive_int,
+        type=int_in(1, limits.MAX_CHUNK_TOKENS),
         help="tokens per chunk (512 for Mooncake traces and synth-* workloads)",
     )
     parser.add_argument(
         "--device-tokens",
-        type=non_negative_int,
+        type=int_in(0, limits.MAX_DEVICE_TOKENS),
         default=0,
         help="device prefix cache size in tokens (0 = none)",
     )
     parser.add_argument(
         "--store-threshold",
-        type=non_negative_int,
+        type=int_in(0, limits.MAX_STORE_THRESHOLD),
         nargs="+",
         default=[0],
         help="reuse-filter threshold(s)",
@@ -110,13 +109,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         help="write results.jsonl, table.txt and hit_ratio.png here",
     )
     parser.add_argument(
-        "--limit", type=positive_int, help="replay only the first N requests"
+        "--limit", type=int_in(1, sys.maxsize), help="replay only the first N requests"
     )
     parser.add_argument(
         "--partial-block",
         choices=("pad", "drop"),
-        default="pad",
-        help="Mooncake: count a partial last block as a chunk (pad) or not (drop)",
+        help="Mooncake: count a partial last block as a chunk (pad, the default) "
+        "or not (drop)",
     )
     parser.add_argument(
         "--time-scale",
@@ -126,27 +125,33 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "at --target-load of its prefill capacity",
     )
     parser.add_argument(
-        "--target-load", type=positive_float, default=DEFAULT_TARGET_LOAD
+        "--target-load",
+        type=float_in(0, limits.MAX_TARGET_LOAD, open_minimum=True),
+        help=f"with --time-scale auto (default {DEFAULT_TARGET_LOAD})",
     )
     parser.add_argument(
         "--prefill-us-per-token",
-        type=non_negative_float,
+        type=float_in(0, limits.MAX_PREFILL_US_PER_TOKEN),
         help="engine prefill time per token (µs)",
     )
     parser.add_argument(
-        "--decode-ms", type=non_negative_float, help="engine decode step time (ms)"
+        "--decode-ms",
+        type=float_in(0, limits.MAX_DECODE_MS),
+        help="engine decode step time (ms)",
     )
     parser.add_argument(
-        "--link-gbps", type=positive_float, help="device<->host bandwidth (GB/s)"
+        "--link-gbps",
+        type=float_in(limits.MIN_LINK_GBPS, limits.MAX_LINK_GBPS),
+        help="device<->host bandwidth (GB/s)",
     )
     parser.add_argument(
         "--kv-bytes-per-token",
-        type=positive_int,
+        type=int_in(1, limits.MAX_KV_BYTES_PER_TOKEN),
         help="KV bytes per token (all layers)",
     )
     parser.add_argument(
         "--jobs",
-        type=positive_int,
+        type=int_in(1, limits.MAX_JOBS),
         help="parallel replay processes (default: CPU count)",
     )
 
@@ -158,8 +163,7 @@ def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     that cannot be written are usage errors from `parser` (exit status 2); a
     trace that cannot be read or replayed is one line naming its file, line and
     field (exit status 1)."""
-    if args.trace and args.workload:
-        parser.error("give a trace or --workload, not both")
+    _check_conflicts(parser, args)
     try:
         return replay_main(args)
     except TraceError as exc:
@@ -167,6 +171,18 @@ def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 1
     except (ValueError, OSError) as exc:
         parser.error(" ".join(str(exc).splitlines()))
+
+
+def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that would be ignored silently are refused instead."""
+    if args.trace and args.workload:
+        parser.error("give a trace or --workload, not both")
+    if args.trace and args.seed is not None:
+        parser.error("--seed applies to a generated --workload, not to a trace")
+    if not args.trace and args.partial_block is not None:
+        parser.error("--partial-block applies to a trace, not to a --workload")
+    if args.time_scale != "auto" and args.target_load is not None:
+        parser.error("--target-load applies to --time-scale auto only")
 
 
 def _time_model(args: argparse.Namespace) -> TimeModel:
@@ -184,7 +200,10 @@ def _time_model(args: argparse.Namespace) -> TimeModel:
 
 def _load(args: argparse.Namespace, scale: float) -> Workload:
     if args.trace:
-        return load_mooncake(args.trace, args.partial_block, args.limit, scale)
+        partial: Literal["pad", "drop"] = (
+            "drop" if args.partial_block == "drop" else "pad"
+        )
+        return load_mooncake(args.trace, partial, args.limit, scale)
     name = args.workload or "chat-agents"
     if name in SYNTHETIC_WORKLOADS:
         w = synthetic(name, args.seed, scale)
@@ -234,7 +253,8 @@ def _scaled_workload(args: argparse.Namespace, tm: TimeModel) -> tuple[Workload,
     """The workload to replay, arrivals stretched per --time-scale, and the stretch."""
     unscaled = _load(args, 1.0)
     if args.time_scale == "auto":
-        scale = _auto_scale(unscaled, tm, args.target_load)
+        target = args.target_load or DEFAULT_TARGET_LOAD
+        scale = _auto_scale(unscaled, tm, target)
     else:
         scale = float(args.time_scale)
     if scale == 1.0:

@@ -2,66 +2,75 @@
 
 argparse calls each with the option's text; `ArgumentTypeError` becomes
 `kvoffload replay: error: argument --flag: <message>` and exit status 2, never a
-traceback from deep inside a replay (or a replay that never ends, for NaN).
+traceback from deep inside a replay (or a replay that never ends, for NaN). Every
+number has both bounds (from `kvoffload.replay.limits`), so no option can make a
+replay's clock or memory run away.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 from kvoffload.policies import get_policy_class
+from kvoffload.replay.limits import MAX_TIME_SCALE, MIN_TIME_SCALE
 
 
-def _int(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an integer >= {minimum}"
-        ) from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{value} is not an integer >= {minimum}")
-    return value
+def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [minimum, maximum]."""
+    allowed = f"an integer from {minimum:,} to {maximum:,}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also past Python's limit on an int's digits
+            raise argparse.ArgumentTypeError(
+                f"{_clip(text)} is not {allowed}"
+            ) from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{_clip(text)} is not {allowed}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _int(text, 1)
+def float_in(
+    minimum: float, maximum: float, *, open_minimum: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number in [minimum, maximum] (or (minimum,
+    maximum] with `open_minimum`)."""
+    allowed = (
+        f"a finite number {'>' if open_minimum else '>='} {minimum:g} "
+        f"and <= {maximum:g}"
+    )
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{_clip(text)} is not {allowed}"
+            ) from None
+        below = value <= minimum if open_minimum else value < minimum
+        if not math.isfinite(value) or below or value > maximum:
+            raise argparse.ArgumentTypeError(f"{_clip(text)} is not {allowed}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return _int(text, 0)
-
-
-def _float(text: str, positive: bool) -> float:
-    allowed = "a finite number " + ("> 0" if positive else ">= 0")
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    return _float(text, positive=True)
-
-
-def non_negative_float(text: str) -> float:
-    return _float(text, positive=False)
+_time_scale = float_in(MIN_TIME_SCALE, MAX_TIME_SCALE)
 
 
 def time_scale(text: str) -> str | float:
-    """'auto', or a finite factor > 0 to stretch arrival times by."""
+    """'auto', or a factor to stretch arrival times by."""
     if text == "auto":
         return text
     try:
-        return positive_float(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not 'auto' or a finite number > 0"
-        ) from None
+        return _time_scale(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 'auto'") from None
 
 
 def policy_name(text: str) -> str:
@@ -72,3 +81,8 @@ def policy_name(text: str) -> str:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _clip(text: str) -> str:
+    """`text` quoted for a one-line message, at most about 40 characters."""
+    return repr(text[:40]) + ("..." if len(text) > 40 else "")
