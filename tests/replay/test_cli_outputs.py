@@ -1,4 +1,5 @@
-"""Where `kvoffload replay` reads and writes: a trace that can be read only once."""
+"""Where `kvoffload replay` reads and writes: report and plot paths checked before
+the run, and a trace that can be read only once."""
 
 from __future__ import annotations
 
@@ -30,6 +31,70 @@ def trace(tmp_path: Path) -> Path:
 
 def replay(*argv: str) -> int:
     return kvoffload_main(["replay", *argv, "--capacity-chunks", "4", "--jobs", "1"])
+
+
+def test_plot_into_a_directory_writes_inside_it(trace: Path, tmp_path: Path) -> None:
+    """It wrote DIR.png beside the directory."""
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    assert replay(str(trace), "--plot", str(plots)) == 0
+    assert (plots / "hit_ratio.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "plots.png").exists()
+
+
+def test_plot_to_a_png_file_writes_it_and_its_directory(
+    trace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "new" / "figure.png"
+    assert replay(str(trace), "--plot", str(target)) == 0
+    assert target.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", ["plot", "plot.txt"])
+def test_plot_to_a_path_that_is_neither_is_refused(
+    trace: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        replay(str(trace), "--plot", str(tmp_path / name))
+    assert stopped.value.code == 2
+    assert "expected a directory or a file ending in .png" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [trace]
+
+
+@pytest.mark.usefixtures("no_replay")
+def test_an_unwritable_report_dir_is_refused_before_the_run(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was reported only after the whole replay."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for directory in (blocker, blocker / "sub"):
+        with pytest.raises(SystemExit) as stopped:
+            replay(str(trace), "--report-dir", str(directory))
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--report-dir {directory}: cannot write there" in err
+
+
+@pytest.mark.usefixtures("no_replay")
+def test_a_report_file_that_is_a_directory_is_refused_before_the_run(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "report" / "table.txt").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        replay(str(trace), "--report-dir", str(tmp_path / "report"))
+    assert "table.txt is not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_replay")
+def test_an_unwritable_plot_directory_is_refused_before_the_run(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        replay(str(trace), "--plot", str(blocker / "figure.png"))
+    assert f"--plot {blocker}: cannot write there" in capsys.readouterr().err
 
 
 def _kvoffload(*argv: str, **kwargs: object) -> subprocess.Popen[bytes]:

@@ -28,6 +28,7 @@ from kvoffload.replay.generators import (
     reasoning,
 )
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, load_mooncake
+from kvoffload.replay.output_paths import prepare_report_dir, resolve_plot_path
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
@@ -101,7 +102,10 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         help="print one JSON object per line instead of a table",
     )
     parser.add_argument(
-        "--plot", type=Path, help="write a PNG of hit ratio against capacity"
+        "--plot",
+        type=Path,
+        help="write a PNG of hit ratio against capacity: a .png file, or a "
+        "directory to write hit_ratio.png in",
     )
     parser.add_argument(
         "--report-dir",
@@ -159,12 +163,16 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """`replay_main`, with bad input reported in one line, never a traceback.
 
-    Options that conflict, settings the replay refuses and a report directory
-    that cannot be written are usage errors from `parser` (exit status 2); a
-    trace that cannot be read or replayed is one line naming its file, line and
-    field (exit status 1)."""
+    Options that conflict, settings the replay refuses and output paths that
+    cannot be written (checked before the replay runs) are usage errors from
+    `parser` (exit status 2); a trace that cannot be read or replayed is one line
+    naming its file, line and field (exit status 1)."""
     _check_conflicts(parser, args)
     try:
+        if args.report_dir is not None:
+            prepare_report_dir(args.report_dir)
+        if args.plot is not None:
+            args.plot = resolve_plot_path(args.plot)
         return replay_main(args)
     except TraceError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
