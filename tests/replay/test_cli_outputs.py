@@ -1,9 +1,10 @@
 """Where `kvoffload replay` reads and writes: report and plot paths checked before
-the run, and a trace that can be read only once."""
+the run, strict JSON, and a trace that can be read only once."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.cli import main as kvoffload_main
+from kvoffload.replay import report
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = [
@@ -95,6 +97,30 @@ def test_an_unwritable_plot_directory_is_refused_before_the_run(
     with pytest.raises(SystemExit):
         replay(str(trace), "--plot", str(blocker / "figure.png"))
     assert f"--plot {blocker}: cannot write there" in capsys.readouterr().err
+
+
+def test_json_lines_are_strict_json(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay(str(trace), "--json", "--belady") == 0
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in the JSON output")
+
+    for line in capsys.readouterr().out.splitlines():
+        json.loads(line, parse_constant=refuse)
+
+
+def test_a_record_that_is_not_finite_is_never_written() -> None:
+    out: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> None:
+            out.append(text)
+
+    with pytest.raises(ValueError):
+        report.write_json_lines([{"est_ttft_s": math.nan}], Sink())  # type: ignore[arg-type]
+    assert out == []
 
 
 def _kvoffload(*argv: str, **kwargs: object) -> subprocess.Popen[bytes]:

@@ -29,8 +29,10 @@ def offline_json(
 
 
 def write_json_lines(records: Sequence[dict[str, object]], out: TextIO) -> None:
+    """One JSON object a line, strict JSON: a NaN or infinity (which strict
+    parsers reject) is a `ValueError`, never written."""
     for record in records:
-        out.write(json.dumps(record, sort_keys=True) + "\n")
+        out.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
 
 
 def results_table(
