@@ -1,5 +1,5 @@
-"""Where `kvoffload replay` reads and writes: report and plot paths checked before
-the run, strict JSON, and a trace that can be read only once."""
+"""Where `kvoffload replay` writes: report and plot paths checked before the run,
+strict JSON, a reader that goes away, and a trace that can be read only once."""
 
 from __future__ import annotations
 
@@ -128,6 +128,24 @@ def _kvoffload(*argv: str, **kwargs: object) -> subprocess.Popen[bytes]:
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         [sys.executable, "-m", "kvoffload.cli", *argv], env=env, **kwargs
     )
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(trace: Path) -> None:
+    """`--json | head -1` printed the usage and `Broken pipe`."""
+    proc = _kvoffload(
+        "replay",
+        str(trace),
+        "--json",
+        "--jobs",
+        "1",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the replay has written anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""
 
 
 def test_a_trace_that_can_be_read_once_replays(trace: Path) -> None:

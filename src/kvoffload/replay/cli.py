@@ -8,6 +8,7 @@ policies and capacities, next to the offline optimum for the same capacity.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,6 +37,8 @@ from kvoffload.replay.workload import Workload
 
 WORKLOADS = ("chat-agents", "reasoning", *SYNTHETIC_WORKLOADS)
 DEFAULT_TARGET_LOAD = 0.5
+# What a shell reports for a command killed by SIGPIPE (128 + 13).
+BROKEN_PIPE_STATUS = 141
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +169,8 @@ def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     Options that conflict, settings the replay refuses and output paths that
     cannot be written (checked before the replay runs) are usage errors from
     `parser` (exit status 2); a trace that cannot be read or replayed is one line
-    naming its file, line and field (exit status 1)."""
+    naming its file, line and field (exit status 1). Output to a reader that went
+    away (`| head`) ends the run quietly."""
     _check_conflicts(parser, args)
     try:
         if args.report_dir is not None:
@@ -174,6 +178,8 @@ def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.plot is not None:
             args.plot = resolve_plot_path(args.plot)
         return replay_main(args)
+    except BrokenPipeError:
+        return _quiet_after_broken_pipe()
     except TraceError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
@@ -191,6 +197,17 @@ def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--partial-block applies to a trace, not to a --workload")
     if args.time_scale != "auto" and args.target_load is not None:
         parser.error("--target-load applies to --time-scale auto only")
+
+
+def _quiet_after_broken_pipe() -> int:
+    # Python would report the pipe again when it flushes stdout at exit: point
+    # stdout at /dev/null first (what the Python documentation recommends).
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a file descriptor (a test's capture): nothing to flush
+    return BROKEN_PIPE_STATUS
 
 
 def _time_model(args: argparse.Namespace) -> TimeModel:
