@@ -208,3 +208,15 @@ def test_a_device_too_small_for_the_longest_request_is_refused(
     err = usage_error(["replay", str(trace), "--device-tokens", "1024"], capsys)
     assert "--device-tokens 1,024 cannot hold the longest request" in err
     assert "at least 2,560" in err
+
+
+@pytest.mark.parametrize(
+    "option", ["--store-threshold", "--capacity-chunks", "--capacity-tokens"]
+)
+def test_an_option_of_several_values_given_none_is_refused(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse drops a lone `--`: `--store-threshold=--` gave no thresholds and
+    an IndexError (found by the fuzz suite)."""
+    err = usage_error([*SMALL, f"{option}=--"], capsys)
+    assert f"argument {option}: expected at least one value" in err

@@ -21,7 +21,13 @@ from rich.table import Table
 from kvoffload.engine_model import TimeModel
 from kvoffload.policies import policy_names
 from kvoffload.replay import limits, report
-from kvoffload.replay.cli_types import float_in, int_in, policy_name, time_scale
+from kvoffload.replay.cli_types import (
+    AtLeastOne,
+    float_in,
+    int_in,
+    policy_name,
+    time_scale,
+)
 from kvoffload.replay.generators import (
     ChatAgentsSpec,
     ReasoningSpec,
@@ -65,12 +71,14 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--capacity-chunks",
         type=int_in(1, limits.MAX_CAPACITY_CHUNKS),
         nargs="+",
+        action=AtLeastOne,
         help="host tier capacities in chunks",
     )
     capacity.add_argument(
         "--capacity-tokens",
         type=int_in(1, limits.MAX_CAPACITY_TOKENS),
         nargs="+",
+        action=AtLeastOne,
         help="host tier capacities in tokens",
     )
     parser.add_argument(
@@ -88,6 +96,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--store-threshold",
         type=int_in(0, limits.MAX_STORE_THRESHOLD),
         nargs="+",
+        action=AtLeastOne,
         default=[0],
         help="reuse-filter threshold(s)",
     )

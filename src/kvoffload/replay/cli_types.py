@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvoffload.policies import get_policy_class
 from kvoffload.replay.limits import MAX_TIME_SCALE, MIN_TIME_SCALE
@@ -71,6 +72,22 @@ def time_scale(text: str) -> str | float:
         return _time_scale(text)
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(f"{exc}, or 'auto'") from None
+
+
+class AtLeastOne(argparse.Action):
+    """`nargs="+"` that holds: argparse drops a lone `--` (`--store-threshold=--`)
+    and would hand on an empty list."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if not values:
+            raise argparse.ArgumentError(self, "expected at least one value")
+        setattr(namespace, self.dest, values)
 
 
 def policy_name(text: str) -> str:
