@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "time_vs_lru": m.seconds / lru.seconds if lru else None,
                 "time_vs_lru_rounds": round_ratios(m, lru) if lru else None,
             }
-            print(json.dumps(record))
+            print(json.dumps(record, allow_nan=False))
         return 0
     print(
         f"{len(stream):,} requests, {results[0].chunks:,} chunks; best of {args.repeat}"

@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "hit_ratio": point.hit_ratio,
                     "margin_vs_best_baseline": margins_of,
                 }
-                print(json.dumps(record), flush=True)
+                print(json.dumps(record, allow_nan=False), flush=True)
                 continue
             ratios = " ".join(f"{point.hit_ratio[p]:>8.4f}" for p in policies)
             shown = " ".join(f"{m:>+14.4f}" for m in margins_of.values())
@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "margin": MARGIN,
         }
         if args.json:
-            print(json.dumps(summary))
+            print(json.dumps(summary, allow_nan=False))
         else:
             print(
                 f"{c}: worst {worst[c]:+.4f} against the best of {', '.join(baselines)};"

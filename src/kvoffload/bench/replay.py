@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay_vs_manager_only": result.wall_s / bare_s if bare_s > 0 else 0.0,
     }
     if args.json:
-        print(json.dumps(record))
+        print(json.dumps(record, allow_nan=False))
         return 0
     print(
         f"{record['trace']}: {result.requests:,} requests, {args.policy} at {args.capacity:,} chunks"

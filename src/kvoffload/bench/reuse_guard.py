@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in cases:
             result = compare(case, workload, args.rounds).record()
             if args.json:
-                print(json.dumps(result))
+                print(json.dumps(result, allow_nan=False))
                 continue
             print(
                 f"{case.name:<15} {requests:>5} "

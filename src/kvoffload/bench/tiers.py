@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         for row in rows:
-            print(json.dumps({"bench": "tiers", **asdict(row)}))
+            print(json.dumps({"bench": "tiers", **asdict(row)}, allow_nan=False))
     else:
         _print_table(rows, args, root)
     return 0

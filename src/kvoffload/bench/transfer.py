@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
                             "device": args.device,
                             "copy_threads": args.copy_threads,
                             **asdict(row),
-                        }
+                        },
+                        allow_nan=False,
                     )
                 )
     if not args.json:

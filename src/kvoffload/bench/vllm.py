@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         for row in rows:
-            print(json.dumps({**row, **context, "load_average": load}))
+            print(json.dumps({**row, **context, "load_average": load}, allow_nan=False))
     else:
         print_table(rows)
         for row in rows[1:]:
