@@ -74,7 +74,7 @@ def trace_error(tmp_path: Path, content: bytes | str, **kwargs: object) -> Trace
         ("hash_ids", '"12"'),  # was read as the ids 1 and 2
         ("hash_ids", "{}"),
         ("hash_ids", "7"),
-        ("hash_ids", "[1]"),  # 600 tokens need two 512-token ids
+        ("hash_ids", "[]"),  # 600 tokens need one whole-block id at least
         ("hash_ids", "[1, 2, 3]"),
         ("hash_ids[1]", "[1, 1]"),
         ("hash_ids[1]", "[1, -2]"),
@@ -179,3 +179,18 @@ def test_ids_below_2_63_keep_their_keys(tmp_path: Path) -> None:
     (request,) = load_mooncake(path).requests
     assert request.hashes[0] == b"mc" + (2**63 - 1).to_bytes(8, "big", signed=True)
     assert request.hashes[1] == b"mc" + (0).to_bytes(8, "big", signed=True)
+
+
+@pytest.mark.parametrize("ids", [[1], [1, 2]], ids=["whole blocks only", "all"])
+def test_the_id_of_a_partial_last_block_may_be_left_out(
+    tmp_path: Path, ids: list[int]
+) -> None:
+    """Scenario: a trace that hashes whole blocks only (600 tokens, one id) is
+    read as one whose last id covers the partial block: both replay."""
+    path = tmp_path / "t.jsonl"
+    line = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": ids}
+    path.write_text(json.dumps(line) + "\n")
+    (padded,) = load_mooncake(path).requests
+    assert padded.num_prompt_tokens == len(ids) * 512 + 1
+    (dropped,) = load_mooncake(path, partial="drop").requests
+    assert dropped.num_prompt_tokens == 600
