@@ -220,3 +220,43 @@ def test_an_option_of_several_values_given_none_is_refused(
     an IndexError (found by the fuzz suite)."""
     err = usage_error([*SMALL, f"{option}=--"], capsys)
     assert f"argument {option}: expected at least one value" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--tier", "tape:100"], "'tape' is not a tier kind"),
+        (["--tier", "file:0"], "capacity '0' is not"),
+        (["--tier", "file:-3GiB"], "capacity '-3GiB' is not"),
+        (["--tier", "redis:100:nan"], "bandwidth 'nan' is not a finite number"),
+        (["--tier", "redis:100:inf"], "bandwidth 'inf' is not a finite number"),
+        (["--tier", "file:100:0"], "bandwidth '0' is not a finite number"),
+        (["--tier", "file"], "is not KIND:CAPACITY[:GBPS]"),
+        (["--shared-tier", "memcached:10"], "'memcached' is not a tier kind"),
+        (["--shared-tier", "redis:10:-1"], "bandwidth '-1' is not"),
+        (["--engines", "0"], "'0' is not an integer from 1 to 4,096"),
+        (["--engines", "many"], "'many' is not an integer from 1 to 4,096"),
+        (["--router", "random"], "'random' is not a router"),
+        (["--max-defer-s", "nan"], "'nan' is not a finite number >= 0"),
+        (["--requests", "0"], "'0' is not an integer from 1"),
+    ],
+)
+def test_bad_tier_and_fleet_options_are_one_clear_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = usage_error([*SMALL, *argv], capsys)
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    assert f"argument {argv[0]}: " in line and says in line
+    assert "Traceback" not in err
+
+
+def test_sizes_and_workloads_that_cannot_be_modeled_are_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A size that holds no chunk of this model (512 tokens x 128 KiB).
+    err = usage_error([*SMALL, "--chunk-tokens", "256", "--tier", "file:1MiB"], capsys)
+    assert "cannot hold one chunk" in err
+    err = usage_error([*SMALL, "--engines", "2", "--shared-tier", "redis:1MiB"], capsys)
+    assert "cannot hold one chunk" in err
+    err = usage_error([*SMALL, "--requests", "10"], capsys)
+    assert "--requests 10: only synth-* workloads" in err

@@ -81,7 +81,11 @@ class EngineModel:
         connector: OffloadConnector | None = None,
         fail_job: Callable[[TransferJob], bool] | None = None,
         clock: SimClock | None = None,
+        wakeup: Callable[[], float | None] | None = None,
     ) -> None:
+        """`wakeup` gives the time of the next event the engine's connector waits
+        for outside the worker (a modeled secondary tier's job or check), so
+        that an idle engine jumps to it rather than polling."""
         self.config = config
         self.connector = connector
         self.clock = clock or SimClock()
@@ -100,6 +104,8 @@ class EngineModel:
         ] = []
         self._decode_seq = 0
         self._stalled_idles = 0
+        self._wakeup = wakeup
+        self._horizon: float | None = None
         self.steps = 0
 
     # -- driving -----------------------------------------------------------------
@@ -152,9 +158,30 @@ class EngineModel:
             return
         self._finish(req)
 
+    def next_event_time(self) -> float | None:
+        """When the engine next has something to do (`None`: nothing at all):
+        now while requests wait or run, else its next arrival, transfer, decode
+        or `wakeup` event. A fleet steps its engines in this order."""
+        if not self.has_work():
+            return None
+        now = self.clock.now
+        if self.waiting or self.running or self._late_results:
+            return now
+        return max(now, min(self._upcoming(), default=now))
+
     # -- one step ----------------------------------------------------------------
 
-    def step(self) -> None:
+    def step(self, horizon: float | None = None) -> None:
+        """One step. `horizon` is the time of the next event outside the engine
+        (the next request a fleet may route here): an idle engine jumps no
+        further, nor does a stretch of decode steps run past it."""
+        self._horizon = horizon
+        try:
+            self._step()
+        finally:
+            self._horizon = None
+
+    def _step(self) -> None:
         self.steps += 1
         self._admit_arrivals()
         self._deliver_results()
@@ -165,6 +192,11 @@ class EngineModel:
         decoded = self._take_decoded()
         scheduled += [item for item, _ in decoded]
         plan = self.connector.build_step(scheduled) if self.connector else None
+        if self.connector is not None:
+            # At schedule time, as vLLM's `build_connector_meta` does: tier work
+            # this step's lookups started (promotions, existence checks) runs
+            # during the forward pass, not after it.
+            self.connector.on_schedule_end()
         if not scheduled and (plan is None or plan.empty):
             self._idle()
             return
@@ -188,18 +220,23 @@ class EngineModel:
             self._advance(req, n * macro, sampled=macro)
         for item, req in decoded:
             self._advance(req, item.num_scheduled_tokens, item.num_scheduled_tokens)
-        if self.connector is not None:
-            self.connector.on_schedule_end()
 
     def _upcoming(self) -> list[float]:
         """Times of the next events the engine does not cause itself: the next
-        arrival, the next transfer completion, the next decode completion."""
+        arrival, the next transfer completion, the next decode completion, the
+        next `wakeup` event and the step's `horizon`."""
         events = [self._arrivals[0].arrival] if self._arrivals else []
         done = self.worker.next_completion()
         if done is not None:
             events.append(done)
         if self._decoding:
             events.append(self._decoding[0][0])
+        if self._wakeup is not None:
+            woken = self._wakeup()
+            if woken is not None:
+                events.append(woken)
+        if self._horizon is not None:
+            events.append(self._horizon)
         return events
 
     def _idle(self) -> None:

@@ -28,6 +28,12 @@ from kvoffload.replay.cli_types import (
     policy_name,
     time_scale,
 )
+from kvoffload.replay.fleet_args import (
+    add_tier_and_fleet_arguments,
+    check_requests,
+    is_fleet,
+    tier_settings,
+)
 from kvoffload.replay.generators import (
     ChatAgentsSpec,
     ReasoningSpec,
@@ -39,6 +45,7 @@ from kvoffload.replay.output_paths import prepare_report_dir, resolve_plot_path
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
+from kvoffload.replay.tier_report import tiers_table
 from kvoffload.replay.workload import Workload
 
 WORKLOADS = ("chat-agents", "reasoning", *SYNTHETIC_WORKLOADS)
@@ -170,6 +177,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_in(1, limits.MAX_JOBS),
         help="parallel replay processes (default: CPU count)",
     )
+    add_tier_and_fleet_arguments(parser)
 
 
 def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -240,7 +248,7 @@ def _load(args: argparse.Namespace, scale: float) -> Workload:
         return load_mooncake(args.trace, partial, args.limit, scale)
     name = args.workload or "chat-agents"
     if name in SYNTHETIC_WORKLOADS:
-        w = synthetic(name, args.seed, scale)
+        w = synthetic(name, args.seed, scale, args.requests)
     elif name == "reasoning":
         spec = ReasoningSpec() if args.seed is None else ReasoningSpec(seed=args.seed)
         w = reasoning(
@@ -327,6 +335,11 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     if args.list_policies:
         print("\n".join(policy_names()))
         return 0
+    check_requests(args, SYNTHETIC_WORKLOADS)
+    if is_fleet(args):
+        from kvoffload.replay.fleet_cli import fleet_main  # it builds on this module
+
+        return fleet_main(args, console)
     tm = _time_model(args)
     workload, scale = _scaled_workload(args, tm)
     block_format = args.trace or args.workload in SYNTHETIC_WORKLOADS
@@ -347,6 +360,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
                 store_threshold=threshold,
                 offload_prompt_only=po,
                 time_model=tm,
+                **tier_settings(args),
             ),
         )
         for capacity in capacities
@@ -377,6 +391,8 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         console.print(table)
         for line in notes:
             console.print(line)
+        if any(r.tiers for r in results):
+            console.print(tiers_table(results))
     if args.plot:
         report.plot(results, bel, inf, args.plot, title)
     if args.report_dir:

@@ -16,6 +16,8 @@ from typing import Any
 
 from kvoffload.policies import get_policy_class
 from kvoffload.replay.limits import MAX_TIME_SCALE, MIN_TIME_SCALE
+from kvoffload.replay.routers import ROUTERS
+from kvoffload.replay.tier_specs import TierSpec, parse_tier_spec
 
 
 def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
@@ -103,3 +105,20 @@ def policy_name(text: str) -> str:
 def _clip(text: str) -> str:
     """`text` quoted for a one-line message, at most about 40 characters."""
     return repr(text[:40]) + ("..." if len(text) > 40 else "")
+
+
+def tier_spec(text: str) -> TierSpec:
+    """`KIND:CAPACITY[:GBPS]`: a modeled secondary tier (see `tier_specs`)."""
+    try:
+        return parse_tier_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def router_name(text: str) -> str:
+    """A fleet router: round-robin, least-loaded, session or prefix."""
+    if text not in ROUTERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a router; expected one of {', '.join(ROUTERS)}"
+        )
+    return text

@@ -66,3 +66,9 @@ MAX_LINK_GBPS = 1e6
 MAX_KV_BYTES_PER_TOKEN = 1 << 30
 """Time-model options: far past any real engine or link, yet no sum of step times
 or transfer times within the other bounds overflows a float."""
+# A fleet: engines replayed in one simulated clock (each holds its own tiers'
+# bookkeeping, so memory grows with them), and synth-* workload sizes.
+MAX_ENGINES = 4096
+MAX_GENERATED_REQUESTS = 1 << 24
+# The longest a request may wait for chunks in flight (the connector's max_defer_s).
+MAX_DEFER_S = 3600.0

@@ -3,26 +3,23 @@ engine model, for one (policy, capacity) at a time."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
-from kvoffload.engine_model import (
-    EngineConfig,
-    EngineModel,
-    SimClock,
-    SimRequest,
-    TimeModel,
-)
+from kvoffload.connector import ConnectorConfig, OffloadConnector
+from kvoffload.engine_model import SimRequest, TimeModel
+from kvoffload.replay.engine_stack import EngineStack, build_backends, tier_results
+from kvoffload.replay.tally import RequestTally, TierResult
+from kvoffload.replay.tier_specs import TierSpec
 from kvoffload.replay.workload import Workload
-from kvoffload.tiers.primary import CPUOffloadingManager
 
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """How to replay: chunk size, device cache, admission, and the time model.
+    """How to replay: chunk size, device cache, admission, the time model, the
+    secondary tiers behind host memory (none: host memory alone), and how long
+    the connector lets a request wait for chunks in flight (`max_defer_s`).
 
     `device_tokens=0` means no device prefix cache in front of kvoffload (every
     reuse must come from the host tier), as in the reference figures.
@@ -35,6 +32,13 @@ class ReplaySettings:
     offload_prompt_only: bool = True
     max_batched_tokens: int = 8192
     time_model: TimeModel = field(default_factory=TimeModel)
+    tiers: tuple[TierSpec, ...] = ()
+    max_defer_s: float = ConnectorConfig.max_defer_s
+
+    @property
+    def chunk_bytes(self) -> int:
+        """KV bytes of one chunk: what a tier stores and moves for it."""
+        return self.chunk_tokens * self.time_model.kv_bytes_per_token
 
     def block_tokens(self, workload: Workload) -> int:
         return self.engine_block_tokens or workload.hash_block_tokens
@@ -70,6 +74,8 @@ class ReplaySettings:
                     f"request ({longest:,} tokens with its output); give 0 (no "
                     f"device cache) or at least {needed:,}"
                 )
+        for spec in self.tiers:
+            spec.capacity_chunks(self.chunk_bytes)  # a size too small for a chunk
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,9 @@ class ReplayResult:
     """One (policy, capacity) replay. Ratios are over prompt chunks, but
     `token_hit_ratio`: prompt tokens loaded from the host tier over all prompt
     tokens, both at the trace's true prompt lengths (padding never counts).
-    `p90_ttft_s` is the nearest-rank 90th percentile (of two TTFTs, the larger)."""
+    `p90_ttft_s` is the nearest-rank 90th percentile (of two TTFTs, the larger).
+    `tiers` (with secondary tiers only) are each tier's hits and traffic, host
+    memory first."""
 
     workload: str
     policy: str
@@ -101,9 +109,15 @@ class ReplayResult:
     p90_ttft_s: float
     wall_s: float
     requests_per_s: float
+    tiers: tuple[TierResult, ...] = ()
 
     def as_json(self) -> dict[str, object]:
-        return asdict(self)
+        record = asdict(self)
+        if not self.tiers:
+            del record["tiers"]  # a host-only replay's record, as it always was
+        else:
+            record["tiers"] = [asdict(t) for t in self.tiers]
+        return record
 
 
 def to_sim_requests(workload: Workload) -> list[SimRequest]:
@@ -127,34 +141,15 @@ def run_replay(
     settings: ReplaySettings,
     progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    """Replay `workload` with a host tier of `capacity_chunks` chunks under `policy`."""
+    """Replay `workload` with a host tier of `capacity_chunks` chunks under `policy`
+    (and the secondary tiers of `settings.tiers` behind it)."""
     settings.validate(workload)
     block = settings.block_tokens(workload)
-    clock = SimClock()
-    manager = CPUOffloadingManager(
-        capacity_chunks, policy, store_threshold=settings.store_threshold
+    backends = build_backends(settings.tiers, policy, settings.chunk_bytes)
+    stack = EngineStack(
+        block, workload.hash_block_tokens, policy, capacity_chunks, settings, backends
     )
-    connector = OffloadConnector(
-        ConnectorConfig(
-            (GroupSpec(block, settings.chunk_tokens // block),),
-            hash_block_tokens=workload.hash_block_tokens,
-            offload_prompt_only=settings.offload_prompt_only,
-            engine_prefix_caching=settings.device_tokens > 0,
-        ),
-        manager,
-        clock=clock,
-    )
-    engine = EngineModel(
-        EngineConfig(
-            tokens_per_block=(block,),
-            device_blocks=settings.device_tokens // block or None,
-            max_batched_tokens=settings.max_batched_tokens,
-            decode_model="delay",
-            time_model=settings.time_model,
-        ),
-        connector,
-        clock=clock,
-    )
+    engine = stack.engine
     requests = to_sim_requests(workload)
     started = time.perf_counter()
     engine.add(requests)
@@ -167,8 +162,20 @@ def run_replay(
     if progress is not None:
         progress(len(engine.finished) - reported)
     wall = time.perf_counter() - started
+    tally = RequestTally(settings.chunk_tokens)
+    for i, req in enumerate(requests):
+        tally.add(req, workload.prompt_tokens(i))
+    tiers: tuple[TierResult, ...] = ()
+    if backends:
+        span = stack.clock.now - (requests[0].arrival if requests else 0.0)
+        tiers = tier_results(
+            stack.tier_stats(),
+            backends,
+            tally.prompt_chunks * settings.chunk_tokens,
+            span,
+        )
     return _result(
-        workload, policy, capacity_chunks, settings, requests, connector, wall
+        workload, policy, capacity_chunks, settings, tally, stack.connector, wall, tiers
     )
 
 
@@ -177,27 +184,14 @@ def _result(
     policy: str,
     capacity: int,
     settings: ReplaySettings,
-    requests: list[SimRequest],
+    tally: RequestTally,
     connector: OffloadConnector,
     wall: float,
+    tiers: tuple[TierResult, ...],
 ) -> ReplayResult:
-    chunk = settings.chunk_tokens
-    prompt_chunks = hit = device = loaded_tokens = prompt_tokens = 0
-    for i, req in enumerate(requests):
-        n = req.num_prompt_tokens // chunk
-        total = min(n, (req.device_hit_tokens + req.loaded_tokens) // chunk)
-        own = min(total, req.device_hit_tokens // chunk)
-        prompt_chunks += n
-        device += own
-        hit += total - own
-        # A prompt padded to whole blocks loads its padding too: only the tokens
-        # of the true prompt count, against its true length.
-        true_tokens = workload.prompt_tokens(i)
-        loaded_tokens += min(req.loaded_tokens, true_tokens)
-        prompt_tokens += true_tokens
     tier = connector.get_tier_stats()["cpu"]
     stats = connector.get_stats()
-    ttfts = sorted(r.ttft for r in requests if r.ttft is not None)
+    mean, p90 = tally.ttft_mean_and_p90()
     return ReplayResult(
         workload=workload.name,
         policy=policy,
@@ -205,29 +199,21 @@ def _result(
         store_threshold=settings.store_threshold,
         offload_prompt_only=settings.offload_prompt_only,
         device_tokens=settings.device_tokens,
-        requests=len(requests),
-        prompt_chunks=prompt_chunks,
-        hit_chunks=hit,
-        hit_ratio=hit / prompt_chunks if prompt_chunks else 0.0,
-        device_hit_chunks=device,
-        total_hit_ratio=(hit + device) / prompt_chunks if prompt_chunks else 0.0,
-        token_hit_ratio=loaded_tokens / prompt_tokens if prompt_tokens else 0.0,
+        requests=tally.requests,
+        prompt_chunks=tally.prompt_chunks,
+        hit_chunks=tally.hit_chunks,
+        hit_ratio=tally.hit_ratio,
+        device_hit_chunks=tally.device_hit_chunks,
+        total_hit_ratio=tally.total_hit_ratio,
+        token_hit_ratio=tally.token_hit_ratio,
         chunks_stored=tier.chunks_stored,
         chunks_loaded=tier.chunks_loaded,
         chunks_evicted=tier.evictions,
         bytes_stored=stats.bytes_stored,
         bytes_loaded=stats.bytes_loaded,
-        est_ttft_s=statistics.fmean(ttfts) if ttfts else 0.0,
-        p90_ttft_s=_nearest_rank(ttfts, 90),
+        est_ttft_s=mean,
+        p90_ttft_s=p90,
         wall_s=wall,
-        requests_per_s=len(requests) / wall if wall > 0 else 0.0,
+        requests_per_s=tally.requests / wall if wall > 0 else 0.0,
+        tiers=tiers,
     )
-
-
-def _nearest_rank(ordered: list[float], percent: int) -> float:
-    """The `percent`th percentile of sorted `ordered` by nearest rank: the smallest
-    value with at least `percent`% of the values at or below it (0.0 if none)."""
-    if not ordered:
-        return 0.0
-    rank = -(-percent * len(ordered) // 100)  # ceil, in integers: 0.9 * 70 > 63
-    return ordered[max(rank, 1) - 1]

@@ -384,11 +384,37 @@ SYNTHETIC_WORKLOADS: dict[str, Callable[[int | None, float], Workload]] = {
 }
 
 
-def synthetic(name: str, seed: int | None = None, time_scale: float = 1.0) -> Workload:
+# Each takes (seed or None, time scale, requests to generate).
+_SIZED: dict[str, Callable[[int | None, float, int], Workload]] = {
+    "synth-chat": lambda seed, scale, n: synth_chat(
+        replace(_seeded(SynthChatSpec(), seed), requests=n), scale
+    ),
+    "synth-agent": lambda seed, scale, n: synth_agent(
+        replace(_seeded(SynthAgentSpec(), seed), requests=n), scale
+    ),
+    "synth-rag": lambda seed, scale, n: synth_rag(
+        replace(_seeded(SynthRagSpec(), seed), requests=n), scale
+    ),
+    "synth-scan": lambda seed, scale, n: synth_scan(
+        replace(_seeded(SynthScanSpec(), seed), requests=n), scale
+    ),
+}
+
+
+def synthetic(
+    name: str,
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    requests: int | None = None,
+) -> Workload:
     """The synthetic workload `name` (see SYNTHETIC_WORKLOADS) with its default
-    spec, under another seed if given, its arrival times stretched by `time_scale`."""
+    spec, under another seed if given, its arrival times stretched by
+    `time_scale`; `requests` replaces the spec's number of requests generated
+    (before its `window` keeps the steady part)."""
     if name not in SYNTHETIC_WORKLOADS:
         raise ValueError(
             f"unknown synthetic workload {name!r}; known: {', '.join(SYNTHETIC_WORKLOADS)}"
         )
-    return SYNTHETIC_WORKLOADS[name](seed, time_scale)
+    if requests is None:
+        return SYNTHETIC_WORKLOADS[name](seed, time_scale)
+    return _SIZED[name](seed, time_scale, requests)

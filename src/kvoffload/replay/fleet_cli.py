@@ -1,0 +1,243 @@
+"""`kvoffload replay --engines N --router ...`: a fleet replay from the command line.
+
+Same workload, time model and capacity options as a single-engine replay; each
+(capacity, policy, router, threshold) is one fleet run. Arrivals are stretched
+(`--time-scale auto`) so that the fleet as a whole runs at `--target-load`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvoffload.replay import report
+from kvoffload.replay.cli import (
+    _auto_scale,
+    _capacities,
+    _load,
+    _policies,
+    _time_model,
+)
+from kvoffload.replay.fleet import FleetSettings, run_fleet
+from kvoffload.replay.fleet_args import tier_settings
+from kvoffload.replay.fleet_report import EngineResult, FleetResult
+from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS
+from kvoffload.replay.runner import ReplaySettings
+from kvoffload.replay.sweep import offline_bounds
+from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS
+from kvoffload.replay.tier_report import make_tier_table, tier_rows
+from kvoffload.replay.workload import Workload
+
+PER_ENGINE_ROWS = 16
+"""Fleets larger than this show their engines' spread, not every engine."""
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    policy: str
+    capacity_chunks: int
+    settings: ReplaySettings
+    fleet: FleetSettings
+
+
+_WORKLOAD: Workload | None = None  # set before forking: shared, not pickled
+
+
+def _run(run: FleetRun) -> FleetResult:
+    assert _WORKLOAD is not None
+    return run_fleet(
+        _WORKLOAD, run.policy, run.capacity_chunks, run.settings, run.fleet
+    )
+
+
+def run_fleets(
+    workload: Workload, runs: Sequence[FleetRun], jobs: int | None
+) -> list[FleetResult]:
+    """Every run, in parallel processes when `jobs` allows; in order of `runs`."""
+    global _WORKLOAD
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
+    _WORKLOAD = workload
+    try:
+        if jobs == 1:
+            return [_run(run) for run in runs]
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+            return list(pool.map(_run, runs))
+    finally:
+        _WORKLOAD = None
+
+
+def rescaled(workload: Workload, scale: float) -> Workload:
+    """`workload` with its arrival times stretched by `scale`."""
+    if scale == 1.0:
+        return workload
+    requests = tuple(replace(r, arrival=r.arrival * scale) for r in workload.requests)
+    return replace(workload, requests=requests)
+
+
+def fleet_main(args: argparse.Namespace, console: Console) -> int:
+    tm = _time_model(args)
+    engines = args.engines or 1
+    workload = _load(args, 1.0)
+    if args.time_scale == "auto":
+        scale = _auto_scale(workload, tm, args.target_load * engines)
+    else:
+        scale = float(args.time_scale)
+    workload = rescaled(workload, scale)
+    # As a single-engine replay chooses it.
+    block_format = args.trace or args.workload in SYNTHETIC_WORKLOADS
+    chunk = args.chunk_tokens or (
+        MOONCAKE_BLOCK_TOKENS if block_format else 16 * workload.hash_block_tokens
+    )
+    prompt_only = {"on": [True], "off": [False], "both": [True, False]}[
+        args.offload_prompt_only
+    ]
+    runs = [
+        FleetRun(
+            policy,
+            capacity,
+            ReplaySettings(
+                chunk_tokens=chunk,
+                device_tokens=args.device_tokens,
+                store_threshold=threshold,
+                offload_prompt_only=po,
+                time_model=tm,
+                **tier_settings(args),
+            ),
+            FleetSettings(engines, router, args.shared_tier),
+        )
+        for capacity in _capacities(args, workload, chunk)
+        for policy in _policies(args)
+        for router in args.router or ["round-robin"]
+        for threshold in args.store_threshold
+        for po in prompt_only
+    ]
+    runs[0].settings.validate(workload)
+    if args.shared_tier is not None:
+        args.shared_tier.capacity_chunks(runs[0].settings.chunk_bytes)
+    results = run_fleets(workload, runs, args.jobs)
+    _, inf = offline_bounds(workload, chunk, [], False)
+    title = (
+        f"{workload.name}: {len(workload):,} requests over {engines} engines, chunk "
+        f"{chunk} tokens, device cache {args.device_tokens:,} tokens, arrivals "
+        f"x{scale:.2f}; infinite-cache hit ratio {inf.hit_ratio:.3f}"
+    )
+    tables = fleet_tables(results, title)
+    records = [r.as_json() for r in results]
+    records.append(report.offline_json("infinite", workload.name, None, inf))
+    if args.json:
+        report.write_json_lines(records, sys.stdout)
+    else:
+        for table in tables:
+            console.print(table)
+    if args.report_dir:
+        _write(args.report_dir, records, tables)
+        console.print(f"report written to {args.report_dir}/: results.jsonl, table.txt")
+    return 0
+
+
+def fleet_tables(results: Sequence[FleetResult], title: str) -> list[Table]:
+    """The fleet summary, each run's engines, and each run's tiers."""
+    tables = [_summary(results, title)]
+    for r in results:
+        tables.append(_engines(r))
+    rows = [row for r in results for row in tier_rows(_label(r), r.tiers)]
+    tables.append(make_tier_table("tiers (host and local tiers: all engines)", rows))
+    return tables
+
+
+def _label(r: FleetResult) -> str:
+    return f"{r.router} {r.policy} {r.capacity_chunks:,}"
+
+
+def _summary(results: Sequence[FleetResult], title: str) -> Table:
+    """One row per run; a column per tier of its share of the hit ratio."""
+    first = results[0]
+    tiers = [t.name for t in first.tiers]
+    table = Table(
+        title=f"{title}\nper engine: host tier, local tiers "
+        f"{' '.join(first.local_tiers) or '-'}; shared tier {first.shared_tier or '-'}"
+    )
+    for name in ("router", "policy", "host/engine", "hit ratio", *tiers):
+        table.add_column(
+            name, justify="left" if name in ("router", "policy") else "right"
+        )
+    for name in ("shared GB/s read/write peak", "TTFT mean s", "TTFT p90 s",
+                 "imbalance", "req/s"):  # fmt: skip
+        table.add_column(name, justify="right")
+    for r in results:
+        shared = r.tiers[-1] if r.shared_tier else None
+        rates = "-"
+        if shared is not None and shared.read_gbps_peak is not None:
+            rates = f"{shared.read_gbps_peak:.2f} / {shared.write_gbps_peak or 0:.2f}"
+        table.add_row(
+            r.router,
+            r.policy,
+            f"{r.capacity_chunks:,}",
+            f"{r.hit_ratio:.3f}",
+            *(f"{t.hit_ratio:.3f}" for t in r.tiers),
+            rates,
+            f"{r.est_ttft_s:.3f}",
+            f"{r.p90_ttft_s:.3f}",
+            f"{r.load_imbalance:.2f}",
+            f"{r.requests_per_s:,.0f}",
+        )
+    return table
+
+
+def _engines(r: FleetResult) -> Table:
+    table = Table(title=f"engines: {_label(r)}, shared tier {r.shared_tier or '-'}")
+    for i, name in enumerate(("engine", "requests", "load share", "hit ratio",
+                              "TTFT mean s", "TTFT p90 s")):  # fmt: skip
+        table.add_column(name, justify="left" if i == 0 else "right")
+    engines = list(r.per_engine)
+    if len(engines) > PER_ENGINE_ROWS:
+        for label, e in _spread(engines):
+            table.add_row(label, *_engine_cells(e))
+    else:
+        for e in engines:
+            table.add_row(str(e.engine), *_engine_cells(e))
+    return table
+
+
+def _spread(engines: list[EngineResult]) -> list[tuple[str, EngineResult]]:
+    """The engines of least and most load, and the median one."""
+    ordered = sorted(engines, key=lambda e: e.prompt_tokens)
+    median = ordered[len(ordered) // 2]
+    mean_ttft = statistics.fmean(e.est_ttft_s for e in engines)
+    return [
+        (f"least loaded (#{ordered[0].engine})", ordered[0]),
+        (f"median (#{median.engine}); mean TTFT {mean_ttft:.3f}", median),
+        (f"most loaded (#{ordered[-1].engine})", ordered[-1]),
+    ]
+
+
+def _engine_cells(e: EngineResult) -> list[str]:
+    return [
+        f"{e.requests:,}",
+        f"{e.load_share:.3f}",
+        f"{e.hit_ratio:.3f}",
+        f"{e.est_ttft_s:.3f}",
+        f"{e.p90_ttft_s:.3f}",
+    ]
+
+
+def _write(
+    directory: Path, records: list[dict[str, object]], tables: list[Table]
+) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "results.jsonl", "w", encoding="utf-8") as f:
+        report.write_json_lines(records, f)
+    with open(directory / "table.txt", "w", encoding="utf-8") as f:
+        out = Console(file=f, width=200)
+        for table in tables:
+            out.print(table)
