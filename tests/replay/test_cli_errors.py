@@ -260,3 +260,5 @@ def test_sizes_and_workloads_that_cannot_be_modeled_are_usage_errors(
     assert "cannot hold one chunk" in err
     err = usage_error([*SMALL, "--requests", "10"], capsys)
     assert "--requests 10: only synth-* workloads" in err
+    err = usage_error([*SMALL, "--engines", "2", "--belady"], capsys)
+    assert "--belady is for single-engine replays" in err

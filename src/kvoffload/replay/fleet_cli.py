@@ -85,6 +85,12 @@ def rescaled(workload: Workload, scale: float) -> Workload:
 
 
 def fleet_main(args: argparse.Namespace, console: Console) -> int:
+    for flag, given in (("--belady", args.belady), ("--plot", args.plot)):
+        if given:
+            raise ValueError(
+                f"{flag} is for single-engine replays; a fleet replay (--engines, "
+                "--router, --shared-tier) reports with --json and --report-dir"
+            )
     tm = _time_model(args)
     engines = args.engines or 1
     workload = _load(args, 1.0)

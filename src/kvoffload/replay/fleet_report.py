@@ -79,6 +79,7 @@ def fleet_result(
     end_time: float,
     wall: float,
 ) -> FleetResult:
+    """Tally every request for its engine and the fleet; sum the tiers."""
     chunk = settings.chunk_tokens
     fleet = RequestTally(chunk)
     engines = [RequestTally(chunk) for _ in stacks]
@@ -90,28 +91,11 @@ def fleet_result(
     stats = [s.tier_stats() for s in stacks]
     total_tokens = fleet.prompt_chunks * chunk
     tiers = _fleet_tiers(stats, local, shared, total_tokens, span)
-    per_engine = []
+    per_engine = tuple(
+        _engine_result(e, tally, stats[e], fleet.prompt_tokens)
+        for e, tally in enumerate(engines)
+    )
     mean_tokens = fleet.prompt_tokens / len(stacks) if stacks else 0.0
-    for e, tally in enumerate(engines):
-        tokens = tally.prompt_chunks * chunk
-        mean, p90 = tally.ttft_mean_and_p90()
-        per_engine.append(
-            EngineResult(
-                engine=e,
-                requests=tally.requests,
-                prompt_tokens=tally.prompt_tokens,
-                load_share=tally.prompt_tokens / fleet.prompt_tokens
-                if fleet.prompt_tokens
-                else 0.0,
-                hit_ratio=tally.hit_ratio,
-                tier_hit_ratios={
-                    name: (s.hit_tokens / tokens if tokens else 0.0)
-                    for name, s in stats[e].items()
-                },
-                est_ttft_s=mean,
-                p90_ttft_s=p90,
-            )
-        )
     busiest = max((t.prompt_tokens for t in engines), default=0)
     mean, p90 = fleet.ttft_mean_and_p90()
     return FleetResult(
@@ -131,9 +115,29 @@ def fleet_result(
         p90_ttft_s=p90,
         load_imbalance=busiest / mean_tokens if mean_tokens else 0.0,
         tiers=tiers,
-        per_engine=tuple(per_engine),
+        per_engine=per_engine,
         wall_s=wall,
         requests_per_s=fleet.requests / wall if wall > 0 else 0.0,
+    )
+
+
+def _engine_result(
+    engine: int, tally: RequestTally, stats: dict[str, TierStats], fleet_tokens: int
+) -> EngineResult:
+    chunk_tokens = tally.prompt_chunks * tally.chunk_tokens
+    mean, p90 = tally.ttft_mean_and_p90()
+    return EngineResult(
+        engine=engine,
+        requests=tally.requests,
+        prompt_tokens=tally.prompt_tokens,
+        load_share=tally.prompt_tokens / fleet_tokens if fleet_tokens else 0.0,
+        hit_ratio=tally.hit_ratio,
+        tier_hit_ratios={
+            name: (s.hit_tokens / chunk_tokens if chunk_tokens else 0.0)
+            for name, s in stats.items()
+        },
+        est_ttft_s=mean,
+        p90_ttft_s=p90,
     )
 
 
