@@ -22,6 +22,7 @@ from rich.table import Table
 
 from kvoffload.replay import report
 from kvoffload.replay.cli import (
+    DEFAULT_TARGET_LOAD,
     _auto_scale,
     _capacities,
     _load,
@@ -95,7 +96,8 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
     engines = args.engines or 1
     workload = _load(args, 1.0)
     if args.time_scale == "auto":
-        scale = _auto_scale(workload, tm, args.target_load * engines)
+        target = args.target_load or DEFAULT_TARGET_LOAD
+        scale = _auto_scale(workload, tm, target * engines)
     else:
         scale = float(args.time_scale)
     workload = rescaled(workload, scale)
