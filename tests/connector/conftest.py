@@ -64,10 +64,18 @@ class RecordingManager(CPUOffloadingManager):
         super().complete_load(keys, ctx)
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        may_evict: bool = True,
+        promotion: bool = False,
+        protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         self.calls.append(("prepare_store", ctx.req_id))
-        out = super().prepare_store(keys, ctx)
+        out = super().prepare_store(
+            keys, ctx, may_evict=may_evict, promotion=promotion, protect=protect
+        )
         if out is not None:
             self.offered.setdefault(ctx.req_id, []).extend(keys)
         return out

@@ -186,8 +186,8 @@ def test_a_block_freed_before_its_chunk_fills_is_never_stored_from(
 @dataclass
 class Pinned:
     """Two groups (the second one sliding) of 4-token blocks, `per_chunk` blocks a
-    chunk, over a host tier whose 8 slots hold other chunks, all pinned: every
-    store is put off until `room` unpins some."""
+    chunk, over a host tier whose 8 slots hold other chunks being written: every
+    store is put off until `room` frees some (their writes fail)."""
 
     manager: RecordingManager
     connector: OffloadConnector
@@ -199,14 +199,12 @@ class Pinned:
         ctx = ReqContext("filler")
         filler = [make_offload_key(bytes([i]) * 32, 0) for i in range(8)]
         assert manager.prepare_store(filler, ctx) is not None
-        manager.complete_store(filler, ctx)
-        manager.pin(filler)
         groups = (GroupSpec(4, per_chunk), GroupSpec(4, per_chunk))
         connector = OffloadConnector(ConnectorConfig(groups, null_block_id=0), manager)
         return cls(manager, connector, filler)
 
     def room(self, slots: int) -> None:
-        self.manager.unpin(self.filler[:slots])
+        self.manager.complete_store(self.filler[:slots], ReqContext("filler"), False)
 
     def give_fresh(self, req_id: str, table: list[list[int]]) -> None:
         """The engine allocates `table` afresh to a new request."""

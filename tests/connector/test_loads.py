@@ -276,7 +276,7 @@ def test_a_load_whose_chunks_left_the_host_tier_fails_cleanly() -> None:
     assert connector.take_load_results() == ([], ["B"])
     assert connector.get_stats().failed_load_jobs == 1
     assert connector.get_num_new_matched_tokens(b, 0) == 0
-    assert manager.prepare_store(_keys(a), ReqContext("other")) is not None, (
+    assert manager.prepare_store(_keys(a), ReqContext("another")) is not None, (
         "nothing pinned"
     )
 

@@ -9,6 +9,7 @@ import pytest
 from kvoffload import CPUOffloadingManager, ReqContext, chunk_keys, offload_key_group
 from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
 from kvoffload.engine_model import SimRequest
+from kvoffload.keys import chunk_keys
 from kvoffload.tiering import TieringManager
 from kvoffload.tiers.base import OffloadPolicy, RequestOffloadingContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer, MemoryTier, MemoryTierConfig
@@ -151,11 +152,25 @@ def test_when_all_new_chunks_do_not_fit_the_head_is_stored(
     h.run(h.request("A", prompt))
     offered = h.manager.offered["A"]
     assert 0 < len(offered) <= 4
-    from kvoffload.keys import chunk_keys
-
     expected_head = chunk_keys(h.hasher.hash_blocks(prompt), 3, 0)[: len(offered)]
     assert offered == expected_head
     assert h.connector.get_stats().store_skipped > 0
+
+
+def test_a_prompt_too_long_for_the_tier_never_evicts_others_for_its_head(
+    async_scheduling: bool,
+) -> None:
+    """Scenario: B's 4-chunk prompt fills a host tier of 4 chunks; then A's
+    10-chunk prompt cannot fit whole. Its head would go in only by evicting all of
+    B for a fragment of A that cannot hit past the tier's size: it takes free room
+    only, so B stays whole and A stores nothing."""
+    h = Harness(async_scheduling=async_scheduling, host_chunks=4)
+    b_prompt = h.tokens(4 * CHUNK)
+    h.run(h.request("B", b_prompt))
+    h.run(h.request("A", h.tokens(10 * CHUNK)))
+    assert h.manager.offered.get("A", []) == []
+    b_keys = chunk_keys(h.hasher.hash_blocks(b_prompt), 3, 0)
+    assert h.manager.lookup_prefix(b_keys, ReqContext("probe")).ready == 4
 
 
 def test_misspelt_tier_names_are_checked_against_the_managers_tiers(

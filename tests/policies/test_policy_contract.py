@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.policies import (
     EvictionPolicy,
+    StopEviction,
     create_policy,
     get_policy_class,
     policy_names,
@@ -64,6 +65,31 @@ def test_evict_is_all_or_nothing(policy: EvictionPolicy) -> None:
     assert policy.evict(3, [k(100)], evictable.__contains__) is None
     assert len(policy) == 8 and all(k(i) in policy for i in range(8))
     assert policy.evict(0, [], always) == []
+
+
+def test_stop_eviction_ends_the_scan_and_changes_nothing(
+    policy: EvictionPolicy,
+) -> None:
+    """Scenario: the tier manager raises `StopEviction` at the first chunk of the
+    storing request's own (k(5)): the policy asks in its order of preference, so
+    every candidate it was asked about before k(5) is one it would give up first;
+    the stop propagates and the policy is unchanged, as after a `None`."""
+    for i in range(8):
+        policy.insert(k(i))
+    asked: list[OffloadKey] = []
+
+    def until_own(key: OffloadKey) -> bool:
+        asked.append(key)
+        if key == k(5):
+            raise StopEviction
+        return True
+
+    with pytest.raises(StopEviction):
+        policy.evict(8, [k(100)], until_own)
+    assert asked[-1] == k(5) and len(asked) == len(set(asked))
+    assert len(policy) == 8 and all(k(i) in policy for i in range(8))
+    before = policy.evict(len(asked) - 1, [k(100)], always)
+    assert before is not None and set(before) == set(asked[:-1])
 
 
 def test_touch_keeps_the_head_of_a_prefix_longest(policy: EvictionPolicy) -> None:

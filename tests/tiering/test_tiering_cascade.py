@@ -27,17 +27,20 @@ def test_completed_primary_store_is_cascaded_to_every_tier() -> None:
 
 
 def test_chunk_is_pinned_in_primary_while_its_cascade_reads_it() -> None:
-    """Scenario: primary full of chunks whose cascades are still running: a store
-    needing eviction is refused, and succeeds once the cascades finished."""
+    """Scenario: primary full of chunks whose cascades are still running: another
+    request's store needing eviction is refused, and succeeds once the cascades
+    finished."""
     buf = ArrayChunkBuffer(2, 256)
     tier = HeldTier(buf, auto=False)
     m, engine = make_manager([tier], buffer=buf, num_chunks=2)
     m.on_new_request(R1)
     engine.store(keys(1, 2), R1)
-    assert m.prepare_store(keys(3), R1) is None
+    r2 = ReqContext("r2")
+    m.on_new_request(r2)
+    assert m.prepare_store(keys(3), r2) is None
     tier.release()
     engine.step()
-    out = m.prepare_store(keys(3), R1)
+    out = m.prepare_store(keys(3), r2)
     assert out is not None and out.keys_to_store == (key(3),)
 
 

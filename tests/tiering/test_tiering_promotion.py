@@ -101,9 +101,9 @@ def test_failed_promotion_is_a_failure_of_its_source_tier_only() -> None:
 
 def test_promoted_chunk_loaded_by_its_request_is_reuse_not_its_own_store() -> None:
     """Scenario: host memory (ARC, two slots) misses chunk 1, which the secondary
-    tier holds; r1's lookup promotes it and r1 loads it. Another request stored
-    it, so the load counts as reuse (SPEC §3.2): when two chunks seen once
-    follow, ARC evicts one of them, not chunk 1."""
+    tier holds; r1's lookup promotes it and r1 loads and touches it. Another
+    request stored it, so the touch counts as reuse (SPEC §3.2): when two chunks
+    seen once follow, ARC evicts one of them, not chunk 1."""
     buf = ArrayChunkBuffer(2, SLOT)
     tier = seeded_tier(buf, [1])
     m, engine = make_manager([tier], buffer=buf, num_chunks=2, eviction_policy="arc")
@@ -112,9 +112,10 @@ def test_promoted_chunk_loaded_by_its_request_is_reuse_not_its_own_store() -> No
     engine.step()
     assert m.lookup(key(1), R1) is LookupResult.HIT
     engine.load(keys(1), R1)
+    m.touch(keys(1), R1)
     w = ReqContext.create("w", {"kv_store_tiers": []})
     engine.store(keys(2), w)
-    out = m.prepare_store(keys(3), w)
+    out = m.prepare_store(keys(3), ReqContext.create("w2", {"kv_store_tiers": []}))
     assert out is not None and out.evicted_keys == (key(2),)
 
 

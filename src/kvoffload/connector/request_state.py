@@ -85,6 +85,8 @@ class RequestState:
     it is admitted or preempted, so deferrals add up to at most `max_defer_s`."""
     load_failed: bool = False
     """A load for this request failed: it recomputes, and loads nothing more."""
+    stored: set[OffloadKey] = field(default_factory=set)
+    """Keys whose stores this request started (not those it found stored)."""
     cursors_started: bool = False
     prefix_touched: bool = False
     finished: bool = False

@@ -45,6 +45,7 @@ from kvoffload.connector.base import (
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
+from kvoffload.connector.releases import ReleaseWatch
 from kvoffload.connector.request_state import GroupState, RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.transfers import (
@@ -102,6 +103,7 @@ class OffloadConnector:
         # groups share one block pool over the same bytes).
         self._readers: dict[int, set[int]] = {}
         self._guard = ReuseGuard(config.groups, config.null_block_id)
+        self._releases = ReleaseWatch(config.groups, config.null_block_id)
         self._finished_loading: list[str] = []
         self._failed_loading: list[str] = []
         self._stats = ConnectorStats()
@@ -153,6 +155,7 @@ class OffloadConnector:
             group.block_ids = list(ids)
         self._fence(block_ids)
         self._guard.note_allocated(block_ids, num_computed_tokens)
+        self._releases.note_allocated(block_ids, num_computed_tokens)
         self._guard.on_new_table(state)
         hit = num_computed_tokens + num_external_tokens
         first_schedule = not state.cursors_started
@@ -180,6 +183,11 @@ class OffloadConnector:
         self.manager.on_load_planned(
             load_tokens(state, num_computed_tokens, hit), state.ctx
         )
+        if not self.config.engine_prefix_caching:
+            # The engine drops these blocks with the request: the host copy is the
+            # only one its conversation will have, so the load is a use now and
+            # the request's own stores must not evict it (stop 17).
+            self.manager.touch(keys, state.ctx)
         if self._observer is not None:
             self._observe_load(state, num_computed_tokens, hit)
         self._add_load(state, keys, transfers)
@@ -247,6 +255,7 @@ class OffloadConnector:
                 continue
             state.deferred_since = None
             self._guard.release(state)
+            self._watch_release(state)
             for group in state.groups:
                 group.block_ids = []
 
@@ -291,6 +300,7 @@ class OffloadConnector:
             hit = item.num_computed_tokens if item.replace_block_ids else 0
             if item.new_block_ids:
                 self._guard.note_allocated(item.new_block_ids, hit)
+                self._releases.note_allocated(item.new_block_ids, hit)
         # Before any table grows by this step's blocks, and before any store is
         # planned: a block given to a request late in `scheduled` voids entries
         # of one early in it.
@@ -311,6 +321,11 @@ class OffloadConnector:
             if computed >= state.request.num_prompt_tokens:
                 self._touch_prefix(state)
         self._guard.end_step()
+        # After the step's stores: the chunks of requests the engine let go of
+        # this step do not protect themselves against the stores of the request
+        # that displaced them from the engine.
+        for keys, ctx, stored in self._releases.take_due():
+            self.manager.touch(keys, ctx, stored=stored)
         plan = StepPlan(
             loads=tuple(self._pending_loads),
             stores=tuple(stores),
@@ -352,7 +367,10 @@ class OffloadConnector:
         prepared = self.manager.prepare_store([g.keys[c] for g, c in chunks], state.ctx)
         while prepared is None and len(chunks) > 1:
             # No room for all of them: the head of the prefix is worth the most,
-            # so try the chunks ending in the first half of the span.
+            # so try the chunks ending in the first half of the span, in free room
+            # only: evicting others' chunks for a part of this prompt would trade
+            # whole prefixes for a fragment (a tier smaller than one prompt would
+            # hold the head of whichever request came last, and hit nothing).
             ends = sorted({(c + 1) * g.tokens_per_chunk for g, c in chunks})
             half = ends[(len(ends) - 1) // 2]
             head = [(g, c) for g, c in chunks if (c + 1) * g.tokens_per_chunk <= half]
@@ -361,7 +379,7 @@ class OffloadConnector:
             self._stats.store_skipped += len(chunks) - len(head)
             chunks = head
             prepared = self.manager.prepare_store(
-                [g.keys[c] for g, c in chunks], state.ctx
+                [g.keys[c] for g, c in chunks], state.ctx, may_evict=False
             )
         if prepared is None:
             self._stats.store_skipped += len(chunks)
@@ -371,6 +389,12 @@ class OffloadConnector:
         self._guard.sync(state)
         if not prepared.keys_to_store:
             return None
+        state.stored.update(prepared.keys_to_store)
+        if self.config.engine_prefix_caching:
+            # The new chunks are used now, head last (their hit prefix waits for
+            # the engine to let go of it; without a prefix cache the prompt's
+            # touch follows in this very step).
+            self.manager.touch(prepared.keys_to_store, state.ctx)
         if self._observer is not None:
             self._observe_store(state.req_id, chunks, prepared.keys_to_store)
         record = self._jobs.new(
@@ -413,13 +437,35 @@ class OffloadConnector:
             self._observer(req_id, index, pairs)
 
     def _touch_prefix(self, state: RequestState) -> None:
-        """Recency for the chunks the request hit or offered, once, head last."""
+        """Recency for the chunks the request hit or offered, once, head last.
+
+        Without an engine prefix cache, once its prompt is computed: its KV leaves
+        the engine with it. With one, once the engine lets go of its blocks after
+        it finished (`releases`): until then a request with its prefix is served
+        by the engine, and the host copy is not what it needs.
+        """
         if state.prefix_touched:
+            return
+        if self.config.engine_prefix_caching:
+            if state.finished:
+                state.prefix_touched = True
+                self._watch_release(state)
             return
         state.prefix_touched = True
         keys = state.seen_keys()
         if keys:
             self.manager.touch(keys, state.ctx)
+
+    def _watch_release(self, state: RequestState) -> None:
+        """With an engine prefix cache: touch the request's chunks once the engine
+        reallocates one of its blocks (it finished, or was preempted)."""
+        if self.config.engine_prefix_caching:
+            self._releases.watch(
+                state.seen_keys(),
+                state.ctx,
+                frozenset(state.stored),
+                [group.block_ids for group in state.groups],
+            )
 
     # -- job results -------------------------------------------------------------
 
@@ -576,6 +622,7 @@ class OffloadConnector:
         groups = self.config.groups
         for record in ended:
             record.held_slots = transfer_slots(record.transfers, groups)
+        self._releases.clear()
         self.manager.reset_cache(
             [slot for record in ended for slot in record.held_slots]
         )

@@ -4,6 +4,7 @@ from kvoffload.policies.arc import ARCPolicy
 from kvoffload.policies.base import (
     Evictable,
     EvictionPolicy,
+    StopEviction,
     create_policy,
     get_policy_class,
     policy_names,
@@ -18,6 +19,7 @@ __all__ = [
     "EvictionPolicy",
     "LRUPolicy",
     "SplitLRUPolicy",
+    "StopEviction",
     "create_policy",
     "get_policy_class",
     "policy_names",

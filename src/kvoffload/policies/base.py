@@ -21,6 +21,12 @@ from kvoffload.keys import OffloadKey
 Evictable = Callable[[OffloadKey], bool]
 
 
+class StopEviction(Exception):
+    """Raised by an `evictable` callback: neither this candidate nor any the
+    policy would consider after it may be taken. `evict` lets it propagate,
+    having changed nothing, as when it returns `None`."""
+
+
 def first_evictable(
     keys: Iterable[OffloadKey], n: int, evictable: Evictable
 ) -> list[OffloadKey]:
@@ -43,6 +49,10 @@ class EvictionPolicy(ABC):
       be inserted, in prefix order) are inserted, with `n >= 0` victims needed.
       It returns exactly `n` resident keys for which `evictable` is true and
       removes them, or returns `None` and changes nothing (all-or-nothing).
+      It asks `evictable` about candidates in the order it would give them up,
+      least valuable first, and lets `StopEviction` raised by `evictable`
+      propagate, having changed nothing (the tier manager uses it to take
+      victims only from chunks the policy ranks below a request's own).
     - `clear` forgets everything, learned state included.
     """
 

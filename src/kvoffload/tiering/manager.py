@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from kvoffload.keys import OffloadKey
@@ -373,17 +373,23 @@ class TieringManager(OffloadingManager):
                 self._hit_tokens[tier] += n
         self.primary.on_load_planned(primary, ctx)
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        self.primary.touch(keys, ctx)
+    def touch(
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        stored: Set[OffloadKey] | None = None,
+    ) -> None:
+        self.primary.touch(keys, ctx, stored=stored)
         for tier in self.tiers:
             tier.touch(keys, ctx)
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, *, may_evict: bool = True
     ) -> PrepareStoreOutput | None:
         self._poll_once()
         state = self._state(ctx, "prepare_store")
-        out = self.primary.prepare_store(keys, ctx)
+        out = self.primary.prepare_store(keys, ctx, may_evict=may_evict)
         if out is None:
             return None
         self._requests.writing_started(ctx.req_id, out.keys_to_store)

@@ -8,7 +8,7 @@ moves no bytes; the worker does, from the slots the manager hands out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -218,13 +218,21 @@ class OffloadingManager(ABC):
         when a key is not readable (`HIT`) any more; the caller fails that load.
         """
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+    def touch(
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        stored: Set[OffloadKey] | None = None,
+    ) -> None:
         """Mark chunks as recently used, in prefix order: the head ends most recent.
 
         Unknown keys are ignored. Chunks the request itself stored count as
-        recency only; chunks it found already stored count as reuse.
+        recency only; chunks it found already stored count as reuse. A touch
+        after `on_request_finished` (the manager has forgotten the request)
+        names the chunks it stored in `stored`.
         """
-        del keys, ctx
+        del keys, ctx, stored
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         """Unpin chunks pinned by `prepare_load`."""
@@ -243,14 +251,16 @@ class OffloadingManager(ABC):
 
     @abstractmethod
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, *, may_evict: bool = True
     ) -> PrepareStoreOutput | None:
         """Allocate slots for the keys not yet present, evicting if needed.
 
         Keys already present (readable or in flight) and keys the admission
         filter rejects are left out of `keys_to_store`. Chunks in `keys`, pinned
-        chunks and chunks being written are never evicted. Atomic: `None` means
-        there is no room even after eviction, and nothing changed.
+        chunks and chunks being written are never evicted, nor (by the primary
+        tier) chunks its policy ranks at or above the request's own. Without
+        `may_evict`, only free room is taken. Atomic: `None` means there is no
+        room even after eviction, and nothing changed.
         """
 
     def complete_store(

@@ -25,10 +25,17 @@ def keys(*ids: int) -> list[OffloadKey]:
 CTX = ReqContext("r0")
 
 
-def stored(m: CPUOffloadingManager, ids: list[int], ctx: ReqContext = CTX) -> None:
-    out = m.prepare_store(keys(*ids), ctx)
+def stored(
+    m: CPUOffloadingManager, ids: list[int], ctx: ReqContext | None = None
+) -> None:
+    """Store `ids` as `ctx` did, by default as an earlier request, now finished (a
+    request's own chunks limit what its later stores may evict)."""
+    by = ctx or ReqContext(f"earlier-{ids}")
+    out = m.prepare_store(keys(*ids), by)
     assert out is not None
-    m.complete_store(out.keys_to_store, ctx)
+    m.complete_store(out.keys_to_store, by)
+    if ctx is None:
+        m.on_request_finished(by)
 
 
 def test_chunk_states_miss_pending_hit() -> None:
@@ -77,7 +84,8 @@ def test_eviction_takes_the_least_recently_used_unpinned_chunk() -> None:
 def test_pinned_in_flight_and_offered_chunks_are_never_evicted() -> None:
     m = CPUOffloadingManager(3)
     stored(m, [1, 2])
-    m.prepare_load(keys(1), CTX)  # pinned
+    reader = ReqContext("reader")
+    m.prepare_load(keys(1), reader)  # pinned
     assert m.prepare_store(keys(3), CTX) is not None  # in flight, fills the pool
     # Only k(2) is evictable, but it is among the offered keys: no room.
     assert m.prepare_store(keys(2, 4), CTX) is None
@@ -89,24 +97,43 @@ def test_pinned_in_flight_and_offered_chunks_are_never_evicted() -> None:
     ]
     out = m.prepare_store(keys(4), CTX)
     assert out is not None and out.evicted_keys == (k(2),)
-    m.complete_load(keys(1), CTX)
+    m.complete_load(keys(1), reader)
     out = m.prepare_store(keys(5), CTX)
     assert out is not None and out.evicted_keys == (k(1),)
 
 
-def test_a_load_is_an_access_so_the_request_does_not_evict_what_it_loaded() -> None:
-    """k(1) is the oldest chunk, then a request hits it and stores one more
-    chunk before its end-of-prefill touch: the store takes k(2), not k(1)."""
-    m = CPUOffloadingManager(3)
+@pytest.mark.parametrize("policy", ["lru", "arc", "split"])
+def test_a_store_takes_only_chunks_ranked_below_the_requests_own(policy: str) -> None:
+    """Scenario: k(1) is the oldest chunk; a request loads it and offers k(7),
+    the next chunk of its prompt. A tail without its head never hits, so k(7) is
+    worth no more than k(1): the store is refused rather than evict k(1) (its
+    own head) or k(2) and k(3), which the policy ranks above k(1). Once another
+    request has used k(1), k(2) ranks lowest, and the store takes it."""
+    m = CPUOffloadingManager(3, policy)
     for i in (1, 2, 3):
-        stored(m, [i], ReqContext(f"w{i}"))
+        stored(m, [i])
     ctx = ReqContext("r1")
     assert m.lookup_prefix(keys(1, 7), ctx).ready == 1
     m.prepare_load(keys(1), ctx)
     m.complete_load(keys(1), ctx)
+    assert m.prepare_store(keys(7), ctx) is None
+    assert m.lookup_prefix(keys(1, 2, 3), CTX).ready == 3
+    m.touch(keys(1), ReqContext("r2"))  # another request uses k(1): k(2) is oldest
     out = m.prepare_store(keys(7), ctx)
     assert out is not None and out.evicted_keys == (k(2),)
-    assert m.lookup_prefix(keys(1), CTX).ready == 1
+
+
+def test_a_load_is_not_an_access_by_itself() -> None:
+    """When a load counts as a use is the connector's choice (it depends on the
+    engine's prefix cache): `prepare_load` leaves recency alone, so another
+    request's store takes the chunk loaded, the oldest."""
+    m = CPUOffloadingManager(2)
+    stored(m, [1])
+    stored(m, [2])
+    m.prepare_load(keys(1), CTX)
+    m.complete_load(keys(1), CTX)
+    out = m.prepare_store(keys(3), ReqContext("other"))
+    assert out is not None and out.evicted_keys == (k(1),)
 
 
 def test_prepare_load_of_a_chunk_no_longer_readable_pins_nothing() -> None:
@@ -164,17 +191,17 @@ def test_aborted_store_frees_the_slot_without_counting_a_failure() -> None:
 
 def test_a_promoted_chunk_is_reuse_for_the_request_that_loads_it() -> None:
     """Scenario: a chunk promoted from a secondary tier for a request, which then
-    loads it. Another request stored it earlier, so the load counts as reuse,
-    not as the request's own store: ARC keeps it over a chunk seen once."""
+    loads and touches it. Another request stored it earlier, so the touch counts
+    as reuse, not as the request's own store: ARC keeps it over a chunk seen once."""
     m = CPUOffloadingManager(2, "arc")
     out = m.prepare_store(keys(1), CTX, promotion=True)
     assert out is not None
     m.complete_store(out.keys_to_store, CTX)
     m.prepare_load(keys(1), CTX)
     m.complete_load(keys(1), CTX)
-    other = ReqContext("r1")
-    stored(m, [2], other)
-    full = m.prepare_store(keys(3), other)
+    m.touch(keys(1), CTX)
+    stored(m, [2])
+    full = m.prepare_store(keys(3), ReqContext("r1"))
     assert full is not None and full.evicted_keys == (k(2),)
 
 

@@ -9,12 +9,12 @@ planned before a reset may still touch is held out of use until it is released.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
 from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
-from kvoffload.policies import EvictionPolicy, create_policy
+from kvoffload.policies import EvictionPolicy, StopEviction, create_policy
 from kvoffload.tiers.base import (
     LookupResult,
     OffloadingEvent,
@@ -38,6 +38,13 @@ class CPUOffloadingManager(OffloadingManager):
     `abort_store` free its slot instead. Pinned chunks (being read), chunks
     being written and the keys of the current `prepare_store` call are never
     evicted.
+
+    A request's stores take victims only from chunks its policy ranks below
+    every chunk the request loaded or stored here: its new chunks extend that
+    prefix and cannot hit without it, so they are worth no more than it. Where
+    the policy would give up the request's own prefix first, the store is
+    refused instead of evicting it (which would strand the new chunks) or
+    chunks the policy values more (docs/policies.md, "Inside a real engine").
 
     Slots named to `reset_cache` as busy are *held*: neither occupied nor free,
     never handed out, until `release_slots` releases them as many times as they
@@ -71,6 +78,9 @@ class CPUOffloadingManager(OffloadingManager):
         # Keys each live request stored itself (not those promoted for it):
         # recency, not reuse, on touch().
         self._stored_by_request: dict[str, set[OffloadKey]] = {}
+        # Keys each live request loaded: with its stored ones, where its stores'
+        # victims must rank below.
+        self._loaded_by_request: dict[str, set[OffloadKey]] = {}
         self._stats = TierStats(capacity=num_chunks)
 
     # -- introspection (no side effects) -----------------------------------------
@@ -135,11 +145,10 @@ class CPUOffloadingManager(OffloadingManager):
             return None
         slots = self.pin(keys)
         self._stats.chunks_loaded += len(slots)
-        # A load is an access. Without this the chunks keep the recency of their
-        # previous use until the request's own touch, which comes after its stores,
-        # and those stores could evict them first (the oldest chunks of a segment
-        # are often the prefix a returning conversation has just hit).
-        self._recency(keys, ctx)
+        # Not an access by itself: when a use counts is the connector's choice
+        # (it depends on whether the engine keeps a prefix cache). The request's
+        # own stores never evict these chunks (see `prepare_store`).
+        self._loaded_by_request.setdefault(ctx.req_id, set()).update(keys)
         return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
@@ -175,13 +184,20 @@ class CPUOffloadingManager(OffloadingManager):
             else:
                 pins[key] = count - 1
 
-    def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        self._recency(keys, ctx)
-
-    def _recency(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+    def touch(
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        stored: Set[OffloadKey] | None = None,
+    ) -> None:
         """Tell the policy the request used `keys`; the chunks it stored itself
-        change recency but do not count as reused."""
-        self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, frozenset()))
+        (`stored`, or what this tier remembers of the live request) change
+        recency but do not count as reused."""
+        if stored is None:
+            self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, set()))
+        else:
+            self._policy.touch(keys, stored)
 
     # -- stores ------------------------------------------------------------------
 
@@ -190,16 +206,21 @@ class CPUOffloadingManager(OffloadingManager):
         keys: Sequence[OffloadKey],
         ctx: ReqContext,
         *,
+        may_evict: bool = True,
         promotion: bool = False,
         protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         """See `OffloadingManager.prepare_store`. `protect` names more keys not to
         evict (a promotion's prefix, already counted as hits by the same lookup).
 
+        Victims come only from chunks the policy ranks below every chunk `ctx`
+        loaded or stored here (see the class docstring).
+
         With `promotion`, the chunks come from a secondary tier, where some
-        request stored them earlier: they skip the reuse filter and the policy's
-        admission, and are not `ctx`'s own stores, so its loads and touches of
-        them count as reuse (SPEC §3.2), as for any chunk it found stored."""
+        request stored them earlier: they skip the reuse filter, the policy's
+        admission and the rank limit, and are not `ctx`'s own stores, so its
+        loads and touches of them count as reuse (SPEC §3.2), as for any chunk it
+        found stored."""
         slots = self._slots
         new = list(dict.fromkeys(k for k in keys if k not in slots))
         if not promotion:
@@ -207,16 +228,14 @@ class CPUOffloadingManager(OffloadingManager):
         if not new:
             return _NOTHING_TO_STORE
 
-        protected = set(keys)
-        protected.update(protect)
-        pins, writing = self._pins, self._writing
-
-        def evictable(key: OffloadKey) -> bool:
-            return key not in protected and key not in pins and key not in writing
-
-        victims = self._policy.evict(
-            max(0, len(new) - self.num_free_slots()), new, evictable
-        )
+        needed = max(0, len(new) - self.num_free_slots())
+        victims: list[OffloadKey] | None = None
+        if not needed or may_evict:
+            evictable = self._evictable(keys, protect, None if promotion else ctx)
+            try:
+                victims = self._policy.evict(needed, new, evictable)
+            except StopEviction:
+                victims = None
         if victims is None:
             self._stats.store_skipped += len(new)
             return None
@@ -224,7 +243,7 @@ class CPUOffloadingManager(OffloadingManager):
         new_slots = self._allocate(len(new))
         slots.update(zip(new, new_slots, strict=True))
         self._policy.insert_many(new)
-        writing.update(new)
+        self._writing.update(new)
         if not promotion:
             self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
         self._stats.evictions += len(victims)
@@ -233,6 +252,37 @@ class CPUOffloadingManager(OffloadingManager):
                 OffloadingEvent(tuple(victims), self.medium, True, self.name)
             )
         return PrepareStoreOutput(tuple(new), tuple(new_slots), tuple(victims))
+
+    def _evictable(
+        self,
+        keys: Sequence[OffloadKey],
+        protect: Sequence[OffloadKey],
+        ctx: ReqContext | None,
+    ) -> Callable[[OffloadKey], bool]:
+        """What a store of `keys` may evict: not them, nor `protect`, pinned or
+        in-flight chunks; and, for `ctx`'s stores, nothing from the first of its
+        own chunks on, in the policy's order (`StopEviction`)."""
+        protected = set(keys)
+        protected.update(protect)
+        pins, writing = self._pins, self._writing
+        req_id = ctx.req_id if ctx is not None else ""
+        stored = self._stored_by_request.get(req_id)
+        loaded = self._loaded_by_request.get(req_id)
+        if not stored and not loaded:
+
+            def evictable(key: OffloadKey) -> bool:
+                return key not in protected and key not in pins and key not in writing
+
+            return evictable
+        empty: frozenset[OffloadKey] = frozenset()
+        stored_keys, loaded_keys = stored or empty, loaded or empty
+
+        def evictable_below_own(key: OffloadKey) -> bool:
+            if key in stored_keys or key in loaded_keys:
+                raise StopEviction
+            return key not in protected and key not in pins and key not in writing
+
+        return evictable_below_own
 
     def _admitted(self, new: list[OffloadKey]) -> list[OffloadKey]:
         """The new keys that pass the reuse filter and the policy's admission.
@@ -301,6 +351,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         self._stored_by_request.pop(ctx.req_id, None)
+        self._loaded_by_request.pop(ctx.req_id, None)
         self._filter.finish_request(ctx.req_id)
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -329,6 +380,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._writing.clear()
         self._pins.clear()
         self._stored_by_request.clear()
+        self._loaded_by_request.clear()
         self._held.update(busy_slots)
         assert all(0 <= slot < self._num_chunks for slot in self._held), (
             "a busy slot outside the pool"
