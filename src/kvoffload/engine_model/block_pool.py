@@ -55,16 +55,21 @@ class BlockPool:
             self._refs[block] = self._refs.get(block, 0) + 1
 
     def allocate(self, n: int) -> list[int] | None:
-        """`n` fresh blocks (evicting cached ones, least recently freed first)."""
+        """`n` fresh blocks, in vLLM's order: freed blocks that cache nothing
+        first (the last freed first), then never-used ones, then cached ones,
+        evicting them least recently freed first."""
         if n > self.num_free():
             return None
         out: list[int] = []
+        free = self._free
         while len(out) < n:
-            if self.num_blocks is None or self._next_fresh < self.num_blocks:
+            if free and next(iter(free)) not in self._hash_of:
+                block, _ = free.popitem(last=False)
+            elif self.num_blocks is None or self._next_fresh < self.num_blocks:
                 block = self._next_fresh
                 self._next_fresh += 1
             else:
-                block, _ = self._free.popitem(last=False)
+                block, _ = free.popitem(last=False)
                 old = self._hash_of.pop(block, None)
                 if old is not None and self._block_of.get(old) == block:
                     del self._block_of[old]

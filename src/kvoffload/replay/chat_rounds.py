@@ -155,9 +155,11 @@ def run_chat_rounds(
     capacity_chunks: int,
     device_blocks: int = 16,
     turns: Sequence[Turn] | None = None,
+    warm_up_tokens: int = 64,
 ) -> RoundsResult:
     """The turns through the engine model (prefix cache of `device_blocks`
-    blocks) and the real connector over a host tier of `capacity_chunks`."""
+    blocks) and the real connector over a host tier of `capacity_chunks`, after
+    a warm-up request of `warm_up_tokens` as the bench sends (0: none)."""
     block = rounds.block_tokens
     clock = SimClock()
     manager = CPUOffloadingManager(capacity_chunks, policy)
@@ -176,6 +178,18 @@ def run_chat_rounds(
         clock=clock,
     )
     result = RoundsResult(policy, capacity_chunks)
+    if warm_up_tokens:
+        # The bench's warm-up request: it leaves a freed block in the device
+        # cache, which the first turn takes, as in vLLM.
+        warm = _tokens(warm_up_tokens, -1, 0, "warm-up")
+        hashes = BlockHasher(block).hash_blocks(warm + warm[: rounds.answer_tokens])
+        engine.run(
+            [
+                SimRequest(
+                    "warm-up", 0.0, warm_up_tokens, rounds.answer_tokens, hashes, block
+                )
+            ]
+        )
     for i, turn in enumerate(turns if turns is not None else rounds.requests()):
         request = SimRequest(
             f"c{turn.conversation}t{turn.turn}#{i}",
