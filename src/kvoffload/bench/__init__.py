@@ -12,5 +12,6 @@ BENCHMARKS = (
     "tiers",
     "replay",
     "vllm",
+    "rounds",
     "reuse_guard",
 )

@@ -4,10 +4,12 @@ For every request of a trace, in order: first sight, a lookup of its prefix, a l
 of the hit chunks, a store of the rest of its prompt chunks, recency, finish. The
 same stream runs through vLLM's own `CPUOffloadingManager` in the same process when
 vLLM is installed, and the ratio of time per request is printed (goal: at most
-one third of vLLM's). LRU's hit counts differ from vLLM's by a few chunks (39,258
-against 39,266 at 5,859 chunks): a load is an access here, so a request's own
-stores never evict the prefix it has just loaded, where vLLM's manager refreshes
-it only at the touch, after those stores. Against LRU it also prints
+one third of vLLM's). The loads are touched as the connector touches them for an
+engine without a prefix cache (the replay's `--device-tokens 0`). LRU's hit
+counts differ from vLLM's by a few chunks (39,258 against 39,266 at 5,859
+chunks): a load is an access here, so a request's own stores never evict the
+prefix it has just loaded, where vLLM's manager refreshes it only at the touch,
+after those stores. Against LRU it also prints
 the median of the per-round ratios and their quartiles: every round runs every
 policy back to back, so a round's ratio cancels most of the load on a shared
 machine, and the spread shows how far one run's figure can be trusted.
@@ -102,6 +104,7 @@ def run_ours(stream: Stream, policy: str, capacity: int) -> tuple[int, float]:
         if ready:
             loaded = keys[:ready]
             manager.prepare_load(loaded, ctx)
+            manager.touch(loaded, ctx)  # the connector's, without a prefix cache
             manager.complete_load(loaded, ctx)
         out = manager.prepare_store(keys[ready:], ctx)
         if out is not None and out.keys_to_store:

@@ -1,0 +1,130 @@
+"""Benchmark: conversations taking turns under a small host tier, in the engine
+model, kvoffload's policies against vLLM's own connector.
+
+The turns of `python -m kvoffload.bench vllm` (`kvoffload.replay.chat_rounds`)
+run through the engine model with kvoffload's connector, and through vLLM's
+`CPUOffloadingManager` driven in the order its OffloadingConnector drives it (when
+vLLM is installed): one request at a time; lookup past the device's prefix hit;
+a load with no recency; stores from the first chunk past the hit when something
+was loaded, else from chunk 0 (it stores again the head the device still holds);
+recency refreshed in `on_request_finished`, which the connector calls in the
+next request's first step, after that step's stores when it loads nothing.
+That order reproduces real vLLM's figures of issue 22 (2,944 later-turn tokens
+with LRU at 20 chunks). Prints later-turn hit tokens per host size.
+
+    python -m kvoffload.bench rounds [--order ORDER] [--system-tokens N]
+        [--conversations N] [--turns N] [--first-tokens N] [--chunks N ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvoffload.engine_model import BlockPool
+from kvoffload.replay.chat_rounds import ChatRounds, Turn, run_chat_rounds
+
+DEFAULT_CHUNKS = (4, 7, 10, 14, 18, 20, 24, 28, 32, 36)
+DEVICE_BLOCKS = 16
+
+
+def vllm_rounds() -> Callable[[Sequence[Turn], str, int, int], int] | None:
+    """Later-turn hit tokens of vLLM's connector order, or None without vLLM."""
+    try:
+        from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    except ImportError:
+        return None
+
+    def run(turns: Sequence[Turn], policy: str, chunks: int, block: int) -> int:
+        manager: Any = CPUOffloadingManager(chunks, cache_policy=policy)
+        device = BlockPool(DEVICE_BLOCKS)
+        device.release(device.allocate(1) or [])  # the bench's warm-up request
+        unfinished: Any = None
+        hits = 0
+        for i, turn in enumerate(turns):
+            ctx = ReqContext(req_id=str(i))
+            full = turn.prompt_tokens // block
+            keys = [make_offload_key(h, 0) for h in turn.hashes[:full]]
+            for position, key in enumerate(keys, 1):
+                ctx.set_offload_key_position(key, position * block)
+            manager.on_new_request(ctx)
+            cached = device.cached_prefix(turn.hashes[:full])
+            local = min(len(cached), (turn.prompt_tokens - 1) // block)
+            found = 0
+            if full - local >= 1:
+                for key in keys[local:]:
+                    if manager.lookup(key, ctx).name != "HIT":
+                        break
+                    found += 1
+            device.acquire(cached[:local])
+            blocks = -(-(turn.prompt_tokens + turn.answer_tokens) // block)
+            table = cached[:local] + (device.allocate(blocks - local) or [])
+            if found:
+                loaded = keys[local : local + found]
+                manager.prepare_load(loaded, ctx)
+                if unfinished is not None:  # its load takes a step of its own
+                    manager.on_request_finished(unfinished)
+                    unfinished = None
+                manager.complete_load(loaded, ctx)
+            out = manager.prepare_store(keys[local + found if found else 0 :], ctx)
+            if out is not None and out.keys_to_store:
+                manager.complete_store(out.keys_to_store, ctx)
+            if unfinished is not None:
+                manager.on_request_finished(unfinished)
+            for j in range(min(len(table), len(turn.hashes))):
+                device.register(table[j], turn.hashes[j])
+            device.release(table)
+            unfinished = ctx
+            if turn.turn > 0:
+                hits += found * block
+        return hits
+
+    return run
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvoffload.bench rounds", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--order", default="round-robin")
+    parser.add_argument("--system-tokens", type=int, default=0)
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--first-tokens", type=int, default=768)
+    parser.add_argument("--chunks", type=int, nargs="+", default=list(DEFAULT_CHUNKS))
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rounds = ChatRounds(
+        conversations=args.conversations,
+        turns=args.turns,
+        first_tokens=args.first_tokens,
+        system_tokens=args.system_tokens,
+        order=args.order,
+    )
+    turns = rounds.requests()
+    rows: dict[str, list[int]] = {}
+    for policy in ("lru", "arc", "split"):
+        rows[f"kvoffload {policy}"] = [
+            run_chat_rounds(rounds, policy, n, DEVICE_BLOCKS, turns).later_hit_tokens
+            for n in args.chunks
+        ]
+    native = vllm_rounds()
+    if native is not None:
+        for policy in ("lru", "arc"):
+            rows[f"vLLM {policy}"] = [
+                native(turns, policy, n, rounds.block_tokens) for n in args.chunks
+            ]
+    if args.json:
+        print(json.dumps({"chunks": args.chunks, "later_turn_hit_tokens": rows}))
+        return 0
+    print(f"{'host chunks':<15}" + "".join(f"{n:>8}" for n in args.chunks) + "     sum")
+    for name, values in rows.items():
+        print(f"{name:<15}" + "".join(f"{v:>8}" for v in values) + f"{sum(values):>8}")
+    return 0
