@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.integrations.vllm.model_builder import synthetic_text
+from kvoffload.replay.chat_rounds import turn_order
 
 USER_OPEN = "<|user|>\n"
 USER_CLOSE = "\n<|assistant|>\n"
@@ -21,7 +22,10 @@ TURN_SEPARATOR = "\n"
 
 @dataclass(frozen=True)
 class ChatWorkload:
-    """Sizes in tokens; `conversations` run interleaved, one turn each per round."""
+    """Sizes in tokens; `conversations` take turns in `order` (`round-robin`:
+    one turn each per round; `bursts:K`; `random:SEED`; see
+    `kvoffload.replay.chat_rounds`), each first message after a system prompt
+    of `system_tokens` that every conversation shares."""
 
     conversations: int = 4
     turns: int = 4
@@ -29,6 +33,8 @@ class ChatWorkload:
     message_tokens: int = 96
     answer_tokens: int = 16
     seed: int = 0
+    system_tokens: int = 0
+    order: str = "round-robin"
 
     def __post_init__(self) -> None:
         for name in (
@@ -41,12 +47,18 @@ class ChatWorkload:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name}: {value!r} must be an int >= 1")
+        if type(self.system_tokens) is not int or self.system_tokens < 0:
+            raise ValueError(
+                f"system_tokens: {self.system_tokens!r} must be an int >= 0"
+            )
+        turn_order(1, 1, self.order)  # ValueError naming the order
 
     def max_context_tokens(self) -> int:
         """An upper bound on the last turn's prompt plus its answer."""
         framing = 32  # role markers and separators around a message (~19 tokens)
         later = (self.turns - 1) * (self.message_tokens + self.answer_tokens + framing)
-        return 1 + self.first_message_tokens + framing + later + self.answer_tokens
+        first = self.system_tokens + self.first_message_tokens
+        return 1 + first + framing + later + self.answer_tokens
 
 
 class Tokenizer:
@@ -82,16 +94,22 @@ class Conversation:
         self.turn += 1
 
 
-def _message(tokenizer: Tokenizer, tokens: int, seed: int, first: bool) -> list[int]:
+def _text(tokenizer: Tokenizer, tokens: int, seed: int) -> list[int]:
     words = synthetic_text(tokens, seed=seed)  # more words than tokens needed
     body = tokenizer.encode(words)
     while len(body) < tokens:
         body += tokenizer.encode(" " + words)
-    opening = tokenizer.bos if first else tokenizer.encode(TURN_SEPARATOR)
+    return body[:tokens]
+
+
+def _message(
+    tokenizer: Tokenizer, tokens: int, seed: int, first: bool, system: list[int]
+) -> list[int]:
+    opening = tokenizer.bos + system if first else tokenizer.encode(TURN_SEPARATOR)
     return (
         opening
         + tokenizer.encode(USER_OPEN)
-        + body[:tokens]
+        + _text(tokenizer, tokens, seed)
         + tokenizer.encode(USER_CLOSE)
     )
 
@@ -99,7 +117,13 @@ def _message(tokenizer: Tokenizer, tokens: int, seed: int, first: bool) -> list[
 def make_conversations(
     workload: ChatWorkload, tokenizer: Tokenizer
 ) -> list[Conversation]:
-    """Fresh conversations (no history); unrelated texts for every message."""
+    """Fresh conversations (no history); unrelated texts for every message but
+    the shared system prompt."""
+    system = (
+        _text(tokenizer, workload.system_tokens, seed=workload.seed * 1_000_003 - 1)
+        if workload.system_tokens
+        else []
+    )
     conversations = []
     for c in range(workload.conversations):
         messages = [
@@ -108,6 +132,7 @@ def make_conversations(
                 workload.first_message_tokens if t == 0 else workload.message_tokens,
                 seed=workload.seed * 1_000_003 + c * 1000 + t + 1,
                 first=t == 0,
+                system=system,
             )
             for t in range(workload.turns)
         ]
@@ -116,8 +141,9 @@ def make_conversations(
 
 
 def interleaved(
-    conversations: list[Conversation], turns: int
+    conversations: list[Conversation], turns: int, order: str = "round-robin"
 ) -> Iterator[Conversation]:
-    """Round-robin order: every conversation's turn 0, then every turn 1, ..."""
-    for _ in range(turns):
-        yield from conversations
+    """The conversation whose turn is next, in `order` (default: every
+    conversation's turn 0, then every turn 1, ...)."""
+    for c, _ in turn_order(len(conversations), turns, order):
+        yield conversations[c]

@@ -7,7 +7,13 @@ plus a file tier; TTFT is reported for first turns (nothing to reuse) and later
 turns (the conversation so far was offloaded), and every answer is compared
 (exit status 1 if any differs from the no-connector run's).
 
-    python -m kvoffload.bench vllm [--json] [--conversations N] [--turns N] ...
+With `--peer`, the configurations are kvoffload's host tier under LRU, ARC and
+`split` and vLLM's own OffloadingConnector under LRU and ARC, on the same host
+bytes (`kvoffload.bench.vllm_native` runs vLLM's scheduler side with a torch copy
+worker on the CPU platform); the table adds the tokens later turns loaded, the
+chunks stored and later turns' TTFT relative to no connector.
+
+    python -m kvoffload.bench vllm [--json] [--peer] [--conversations N] ...
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ from kvoffload.integrations.vllm.model_builder import (
 MODELS = {"bench": BENCH, "tiny": TINY}
 BLOCK_TOKENS = 128  # vLLM's default block size on CPU
 CONFIGS = ("none", "kvoffload-host", "kvoffload-host+file")
+PEER_CONFIGS = (
+    "none",
+    "kvoffload-lru",
+    "kvoffload-arc",
+    "kvoffload-split",
+    "native-lru",
+    "native-arc",
+)
 TTFT_METHOD = (
     "TTFT is vLLM's own per-request measure, RequestOutput.metrics."
     "first_token_latency (the value behind vllm:time_to_first_token_seconds): from "
@@ -63,6 +77,8 @@ class TurnRecord:
     cached_tokens: int
     ttft_s: float
     output: tuple[int, ...]
+    external_tokens: int = 0
+    """Tokens the connector supplied (vLLM's external prefix-cache hits)."""
 
 
 @dataclass
@@ -73,6 +89,7 @@ class ConfigRun:
     startup_s: float = 0.0
     loaded_tokens: int = 0
     chunks_loaded: dict[str, int] = field(default_factory=dict)
+    chunks_stored: int = 0
 
 
 def page_bytes(spec: ModelSpec) -> int:
@@ -87,7 +104,21 @@ def kv_transfer_config(
 ) -> dict[str, Any] | None:
     if name == "none":
         return None
+    kind, _, policy = name.partition("-")
+    if kind == "native":
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "HostCopySpec",
+                "spec_module_path": "kvoffload.bench.vllm_native",
+                "cpu_bytes_to_use": parse_size(args.host_bytes, "--host-bytes"),
+                "eviction_policy": policy,
+            },
+        }
     extra: dict[str, Any] = {"cpu_bytes_to_use": args.host_bytes}
+    if policy in ("lru", "arc", "split"):
+        extra["eviction_policy"] = policy
     if name == "kvoffload-host+file":
         extra["cpu_bytes_to_use"] = args.tiered_host_chunks * page
         extra["secondary_tiers"] = [
@@ -99,6 +130,11 @@ def kv_transfer_config(
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
+
+
+def _counter(llm: Any, name: str) -> float:
+    """A vLLM counter's value, summed over its labels."""
+    return sum(float(m.value) for m in llm.get_metrics() if m.name == name)
 
 
 def _metric_totals(llm: Any, name: str) -> dict[str, int]:
@@ -137,9 +173,11 @@ def run_turn(llm: Any, conversation: Conversation, sampling: Any) -> TurnRecord:
     from vllm.inputs import TokensPrompt
 
     prompt = conversation.next_prompt()
+    external = _counter(llm, "vllm:external_prefix_cache_hits")
     out = llm.generate(
         [TokensPrompt(prompt_token_ids=prompt)], sampling, use_tqdm=False
     )[0]
+    external = _counter(llm, "vllm:external_prefix_cache_hits") - external
     if out.metrics is None:
         raise RuntimeError("vLLM returned no request metrics (disable_log_stats?)")
     answer = tuple(int(t) for t in out.outputs[0].token_ids)
@@ -150,6 +188,7 @@ def run_turn(llm: Any, conversation: Conversation, sampling: Any) -> TurnRecord:
         int(out.num_cached_tokens or 0),
         float(out.metrics.first_token_latency),
         answer,
+        int(external),
     )
     conversation.record_answer(prompt, list(answer))
     return record
@@ -179,7 +218,7 @@ def run_config(
         run.startup_s = time.perf_counter() - start
         conversations = make_conversations(workload, tokenizer)
         begin = time.perf_counter()
-        for conversation in interleaved(conversations, workload.turns):
+        for conversation in interleaved(conversations, workload.turns, workload.order):
             run.records.append(run_turn(llm, conversation, sampling))
         run.seconds = time.perf_counter() - begin
         run.loaded_tokens = _metric_totals(llm, "vllm:kvoffload_hit_tokens").get(
@@ -187,9 +226,18 @@ def run_config(
         )
         loaded = _metric_totals(llm, "vllm:kvoffload_chunks_loaded")
         run.chunks_loaded = {t: n for t, n in loaded.items() if t != "connector"}
+        run.chunks_stored = _chunks_stored(llm, name, page_bytes(model.spec))
     finally:
         llm.llm_engine.engine_core.shutdown()
     return run
+
+
+def _chunks_stored(llm: Any, name: str, page: int) -> int:
+    """Chunks the host tier stored: kvoffload counts them; vLLM's connector counts
+    bytes (its chunks are one block here)."""
+    if name.startswith("native"):
+        return int(_counter(llm, "vllm:kv_offload_store_bytes")) // page
+    return _metric_totals(llm, "vllm:kvoffload_chunks_stored").get("cpu", 0)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -228,6 +276,13 @@ def summarize(run: ConfigRun, reference: ConfigRun) -> dict[str, Any]:
             _mean([r.cached_tokens for r in run.records if r.turn > 0]), 1
         ),
         "loaded_tokens": run.loaded_tokens,
+        "later_turns_hit_tokens": sum(
+            r.external_tokens for r in run.records if r.turn > 0
+        ),
+        "later_turns_ttft_ratio": round(_mean(later) / base_later, 3)
+        if later
+        else None,
+        "chunks_stored": run.chunks_stored,
         "chunks_loaded": run.chunks_loaded,
         "total_s": round(run.seconds, 2),
         "startup_s": round(run.startup_s, 2),
@@ -257,6 +312,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def print_peer_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'config':<16} {'later-turn hit tokens':>21} {'chunks stored':>13} "
+        f"{'later-turn TTFT / none':>22}  outputs"
+    )
+    for row in rows:
+        same = "identical" if row["outputs_identical"] else "DIFFERENT"
+        print(
+            f"{row['config']:<16} {row['later_turns_hit_tokens']:>21,} "
+            f"{row['chunks_stored']:>13} {row['later_turns_ttft_ratio']:>22.2f}  "
+            f"{same} ({row['identical_turns']}/{row['turns']})"
+        )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m kvoffload.bench vllm", description=__doc__.split("\n")[0]
@@ -270,6 +339,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--first-tokens", type=int, default=1536, help="first message")
     parser.add_argument("--message-tokens", type=int, default=96, help="later messages")
     parser.add_argument("--answer-tokens", type=int, default=16, help="max_tokens")
+    parser.add_argument(
+        "--system-tokens",
+        type=int,
+        default=0,
+        help="a system prompt every conversation starts with",
+    )
+    parser.add_argument(
+        "--order",
+        default="round-robin",
+        help="turn order: round-robin, bursts:K or random:SEED",
+    )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="kvoffload (LRU, ARC, split) against vLLM's own OffloadingConnector",
+    )
     parser.add_argument(
         "--device-blocks",
         type=int,
@@ -299,6 +384,8 @@ def workload_from(args: argparse.Namespace) -> ChatWorkload:
         args.first_tokens,
         args.message_tokens,
         args.answer_tokens,
+        system_tokens=args.system_tokens,
+        order=args.order,
     )
     parse_size(args.host_bytes, "--host-bytes")
     parse_size(args.file_capacity, "--file-capacity")
@@ -335,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         print_header(args, model, workload, vllm.__version__, load)
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-vllm-") as tmp:
         file_dir = args.file_dir or tmp
-        runs = [run_config(name, model, workload, args, file_dir) for name in CONFIGS]
+        configs = PEER_CONFIGS if args.peer else CONFIGS
+        runs = [run_config(name, model, workload, args, file_dir) for name in configs]
     rows = [summarize(run, runs[0]) for run in runs]
     context = {
         "model": model.spec.name,
@@ -345,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for row in rows:
             print(json.dumps({**row, **context, "load_average": load}, allow_nan=False))
+    elif args.peer:
+        print_peer_table(rows)
     else:
         print_table(rows)
         for row in rows[1:]:
