@@ -64,7 +64,9 @@ class ConnectorConfig:
       have reported, and succeeds only if all succeeded.
     - `engine_prefix_caching`: the engine keeps loaded blocks in its own prefix
       cache for other requests (vLLM does). Then a request whose prefix another
-      request is loading waits for that load instead of loading it again.
+      request is loading waits for that load instead of loading it again, and a
+      request's chunks count as used in the tiers once the engine lets go of its
+      blocks (`connector/releases.py`), not when loaded or computed.
     - `null_block_id`: an engine block id that holds no data (vLLM's block 0,
       which sliding-window groups use for blocks outside the window). Nothing is
       stored from it or loaded into it.
