@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kvoffload.config import ConfigError
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 
 
@@ -61,7 +62,10 @@ def test_offload_prompt_only_is_on_unless_turned_off() -> None:
         ({"max_defer_s": float("inf")}, r"\['max_defer_s'\]: inf is not a finite"),
         ({"model_tag": ""}, r"\['model_tag'\]: '' is not a non-empty string"),
         ({"model_tag": 3}, r"\['model_tag'\]: 3 is not a non-empty string"),
-        ({"cpu_bytes": "1GiB"}, r"unknown key\(s\) \['cpu_bytes'\]"),
+        (
+            {"cpu_bytes": "1GiB"},
+            r"unknown key 'cpu_bytes' \(did you mean 'cpu_bytes_to_use'\?\)",
+        ),
     ],
 )
 def test_a_bad_value_names_the_key_and_the_value(
@@ -224,3 +228,61 @@ def test_a_null_chunk_size_means_unset(
 def test_host_memory_is_required() -> None:
     with pytest.raises(ValueError, match=r"\['cpu_bytes_to_use'\] is required"):
         KVOffloadSettings.from_extra_config({})
+
+
+def test_every_error_is_reported_at_once() -> None:
+    """Scenario: a config with a typo at the top, a bad value, a typo in a tier
+    and a bad tier value. One start-up reports all four (a `ConfigError`, a
+    ValueError), each naming its key, the typos with what was meant."""
+    extra = {
+        "cpu_bytes_to_use": "1GiB",
+        "evicton_policy": "arc",
+        "max_defer_s": -1,
+        "secondary_tiers": [
+            {"type": "file", "path": "/tmp/kv", "capacity": "1GiB", "num_thread": 2},
+            {"type": "file", "path": "/tmp/kv2", "capacity": "0", "name": "disk"},
+        ],
+    }
+    with pytest.raises(ConfigError) as caught:
+        KVOffloadSettings.from_extra_config(extra)
+    errors = caught.value.messages
+    assert len(errors) == 4, errors
+    assert errors[0].startswith(
+        "kv_connector_extra_config: unknown key 'evicton_policy' "
+        "(did you mean 'eviction_policy'?)"
+    )
+    assert any(
+        e.startswith("kv_connector_extra_config['max_defer_s']: -1") for e in errors
+    )
+    assert any(
+        "['secondary_tiers'][0]: file tier: unknown key 'num_thread' "
+        "(did you mean 'num_threads'?)" in e
+        for e in errors
+    )
+    assert any("['secondary_tiers'][1]: capacity: '0' must be > 0" in e for e in errors)
+    assert str(caught.value).startswith("4 configuration errors:\n  - ")
+
+
+def test_one_error_reads_as_before() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(max_defer_s=-1)
+    assert str(caught.value) == caught.value.messages[0]
+    assert str(caught.value).startswith("kv_connector_extra_config['max_defer_s']")
+
+
+def test_a_key_far_from_any_valid_one_gets_no_suggestion() -> None:
+    with pytest.raises(ValueError) as caught:
+        parse(zzz=1)
+    assert "did you mean" not in str(caught.value)
+    assert "valid keys: ['block_size'," in str(caught.value)
+
+
+def test_two_tiers_of_one_name_are_refused_at_start_up() -> None:
+    """Checked with the rest, before the engine starts (their stats and
+    metrics are keyed by name)."""
+    tier = {"type": "memory", "capacity_chunks": 4}
+    with pytest.raises(
+        ValueError,
+        match=r"\['secondary_tiers'\]\[1\]: name: 'memory' is also the name of tier 0",
+    ):
+        parse(secondary_tiers=[tier, tier])

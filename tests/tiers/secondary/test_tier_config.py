@@ -60,10 +60,12 @@ def test_rescan_interval_takes_zero_or_one_second_to_a_day(
 
 def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(
-        ValueError, match=r"unknown file tier key 'capcity'.*'capacity'.*'path'"
+        ValueError,
+        match=r"file tier: unknown key 'capcity' \(did you mean 'capacity'\?\); "
+        r"valid keys: \[.*'capacity'.*'path'",
     ):
         FileTierConfig.from_mapping({"path": str(tmp_path), "capcity": "1GiB"})
-    with pytest.raises(ValueError, match=r"unknown redis tier key 'host'.*'url'"):
+    with pytest.raises(ValueError, match=r"redis tier: unknown key 'host'; .*'url'"):
         RedisTierConfig.from_mapping({"url": "redis://x", "host": "x"})
 
 

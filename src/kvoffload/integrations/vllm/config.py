@@ -1,25 +1,33 @@
-"""`kv_connector_extra_config`, validated once at start-up.
+"""`kv_connector_extra_config`, validated once at start-up, every key at once.
 
 The keys of vLLM's own `OffloadingConnector` where they mean the same thing, plus a
 few of kvoffload's. Sizes may be written as `"64GiB"`; a null `block_size` or
-`blocks_per_chunk` is unset, as there. An unknown key or a bad value raises
-`ValueError` naming the key, the value and what is allowed, so vLLM stops at
-start-up instead of serving with a misread setting. Given through the Python API,
+`blocks_per_chunk` is unset, as there. The settings may come from a file
+(`config_file`, `KVOFFLOAD_CONFIG`) and hold `${NAME}` references to the
+environment (`kvoffload.config.sources`). Each key is checked on its own and every
+error is reported together (`ConfigError`, a `ValueError`), each naming the key,
+the value and what is allowed, with a suggestion for a mistyped key, so vLLM stops
+at start-up instead of serving with a misread setting. Given through the Python API,
 the config is first checked as a whole (`config_mapping`): a list or a string in
 place of it, a key that is not a string, an int of thousands of digits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload.config import config_mapping, is_count, parse_size, shown
+from kvoffload.config.errors import ErrorList, unknown_key
+from kvoffload.config.sources import CONFIG_FILE_KEY, expand_env, with_config_file
 from kvoffload.connector.config import is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
 from kvoffload.tiers.secondary import parse_tier_config
 from kvoffload.tiers.secondary.redis_url import shown_value
+
+WHERE = "kv_connector_extra_config"
 
 KEYS: dict[str, str] = {
     "cpu_bytes_to_use": "host memory for the primary tier: bytes, or a size like '64GiB' (required)",
@@ -34,6 +42,8 @@ KEYS: dict[str, str] = {
     "max_defer_s": "longest a request waits for chunks still in flight (default 1.0)",
     "model_tag": "names the weights in keys, files and Redis instead of the model's "
     "path and a sample of its weight files (a checkpoint version, say)",
+    CONFIG_FILE_KEY: "a JSON or YAML file holding these settings; keys given "
+    "beside it override the file's",
 }
 
 # Keys vLLM's OffloadingConnector reads with `extra_config.get(...)`, where null
@@ -41,23 +51,150 @@ KEYS: dict[str, str] = {
 NULL_IS_UNSET = ("block_size", "blocks_per_chunk")
 
 
-def _int(extra: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
-    value = extra.get(key, default)
-    if not is_count(value, minimum):
-        raise ValueError(
-            f"kv_connector_extra_config[{key!r}]: {shown(value)} is not an integer "
-            f">= {minimum} (up to 2**63 - 1)"
-        )
-    return value
+def _key(key: str) -> str:
+    return f"{WHERE}[{key!r}]"
 
 
-def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = extra.get(key, default)
+def _count(minimum: int) -> Callable[[str, object], int]:
+    def parse(key: str, value: object) -> int:
+        if not is_count(value, minimum):
+            raise ValueError(
+                f"{_key(key)}: {shown(value)} is not an integer >= {minimum} "
+                "(up to 2**63 - 1)"
+            )
+        return value
+
+    return parse
+
+
+def _bool(key: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(
-            f"kv_connector_extra_config[{key!r}]: {shown(value)} is not true or false"
-        )
+        raise ValueError(f"{_key(key)}: {shown(value)} is not true or false")
     return value
+
+
+def _cpu_bytes(key: str, value: object) -> int:
+    cpu = parse_size(value, _key(key))
+    if cpu < 1:
+        raise ValueError(
+            f"{_key(key)}: {shown(value)} must be > 0 bytes: host memory for the "
+            "primary tier, e.g. '16GiB'"
+        )
+    return cpu
+
+
+def _policy(key: str, value: object) -> str:
+    try:
+        get_policy_class(value)  # type: ignore[arg-type]  # raises a naming ValueError
+    except ValueError as exc:
+        # The key is named once, not as `['eviction_policy']: eviction_policy:`.
+        reason = str(exc).removeprefix("eviction_policy: ")
+        raise ValueError(f"{_key(key)}: {reason}") from None
+    assert isinstance(value, str)
+    return value
+
+
+def _tiers(key: str, value: object) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise ValueError(
+            f"{_key(key)}: {shown_value(value)} is not a list of tier configs"
+        )
+    errors = ErrorList()
+    names: dict[str, int] = {}
+    for i, tier in enumerate(value):
+        if tier is UNRESOLVED:
+            continue  # its `${NAME}` error is reported already
+        with errors.check(f"{_key(key)}[{i}]: "):
+            name = parse_tier_config(tier).name
+            if name in names:
+                raise ValueError(
+                    f"name: {shown(name)} is also the name of tier {names[name]}; "
+                    "give each tier a distinct 'name'"
+                )
+            names[name] = i
+    errors.raise_if_any()
+    return tuple(dict(tier) for tier in value if tier is not UNRESOLVED)
+
+
+def _defer(key: str, value: object) -> float:
+    if not is_valid_max_defer_s(value):
+        raise ValueError(
+            f"{_key(key)}: {shown(value)} is not a finite number of seconds >= 0 "
+            "(a deferral must end)"
+        )
+    return float(value)  # type: ignore[arg-type]  # a finite int or float
+
+
+def _tag(key: str, value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{_key(key)}: {shown(value)} is not a non-empty string")
+    return value
+
+
+# Each key's check, on its value alone, in the order of `KEYS`.
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "cpu_bytes_to_use": _cpu_bytes,
+    "block_size": _count(1),
+    "blocks_per_chunk": _count(1),
+    "eviction_policy": _policy,
+    "store_threshold": _count(0),
+    "max_tracker_size": _count(1),
+    "offload_prompt_only": _bool,
+    "secondary_tiers": _tiers,
+    "max_defer_s": _defer,
+    "model_tag": _tag,
+}
+
+
+UNRESOLVED = object()
+"""A setting (or a tier) whose `${NAME}` could not be resolved: its error is
+reported, and its own checks are skipped (they would only add confusion)."""
+
+
+def _expanded(
+    merged: Mapping[str, Any], errors: ErrorList, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """`merged` with `${NAME}` resolved, key by key and tier by tier; what
+    cannot be resolved is `UNRESOLVED`."""
+
+    def expand(value: Any, where: str) -> Any:
+        found = ErrorList()
+        value = expand_env(value, where, found, environ)
+        errors.messages.extend(found.messages)
+        return UNRESOLVED if found else value
+
+    extra: dict[str, Any] = {}
+    for key, value in merged.items():
+        if key == "secondary_tiers" and isinstance(value, list | tuple):
+            extra[key] = [expand(t, f"{_key(key)}[{i}]") for i, t in enumerate(value)]
+        else:
+            extra[key] = expand(value, _key(key))
+    return extra
+
+
+def _checked(extra: Mapping[str, Any], errors: ErrorList) -> dict[str, Any]:
+    """Each key of `extra` checked on its own, into `errors`; the values of
+    those that passed."""
+    for key in extra:
+        if key not in _PARSERS:
+            errors.add(unknown_key(WHERE, key, KEYS))
+    if "cpu_bytes_to_use" not in extra:
+        errors.add(
+            f"{_key('cpu_bytes_to_use')} is required: host memory for the primary "
+            "tier, e.g. '16GiB'"
+        )
+    if "block_size" in extra and "blocks_per_chunk" in extra:
+        errors.add(
+            f"{WHERE}: give block_size (tokens per chunk) or blocks_per_chunk, not "
+            f"both (block_size={shown(extra['block_size'])}, "
+            f"blocks_per_chunk={shown(extra['blocks_per_chunk'])})"
+        )
+    values: dict[str, Any] = {}
+    for key, parse in _PARSERS.items():
+        if key in extra and extra[key] is not UNRESOLVED:
+            with errors.check():
+                values[key] = parse(key, extra[key])
+    return values
 
 
 @dataclass(frozen=True)
@@ -71,98 +208,43 @@ class KVOffloadSettings:
     store_threshold: int = 0
     max_tracker_size: int = 64_000
     offload_prompt_only: bool = True
-    secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=())
+    # Not in the repr: a tier's mapping may hold a password.
+    secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
     max_defer_s: float = 1.0
     model_tag: str | None = None
+    config_file: str | None = None
+    """The file the settings were read from, if any (`config_file`, `KVOFFLOAD_CONFIG`)."""
 
     @classmethod
-    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVOffloadSettings:
+    def from_extra_config(
+        cls,
+        extra: Mapping[str, Any] | None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> KVOffloadSettings:
+        """The settings in `extra`, the file it names and the environment
+        (`environ`); a `ConfigError` holding every error if any."""
+        given = config_mapping({} if extra is None else extra, WHERE)
+        merged, source = with_config_file(given, WHERE, environ)
+        errors = ErrorList()
         extra = {
             key: value
-            for key, value in config_mapping(
-                {} if extra is None else extra, "kv_connector_extra_config"
-            ).items()
+            for key, value in _expanded(merged, errors, environ).items()
             if not (key in NULL_IS_UNSET and value is None)
         }
-        unknown = sorted(set(extra) - set(KEYS))
-        if unknown:
-            valid = "\n".join(f"  {key}: {doc}" for key, doc in KEYS.items())
-            raise ValueError(
-                f"kv_connector_extra_config: unknown key(s) {shown(unknown)}; "
-                f"valid keys:\n{valid}"
-            )
-        if "cpu_bytes_to_use" not in extra:
-            raise ValueError(
-                "kv_connector_extra_config['cpu_bytes_to_use'] is required: "
-                "host memory for the primary tier, e.g. '16GiB'"
-            )
-        raw_cpu = extra["cpu_bytes_to_use"]
-        cpu = parse_size(raw_cpu, "kv_connector_extra_config['cpu_bytes_to_use']")
-        if cpu < 1:
-            raise ValueError(
-                f"kv_connector_extra_config['cpu_bytes_to_use']: {shown(raw_cpu)} must be "
-                "> 0 bytes: host memory for the primary tier, e.g. '16GiB'"
-            )
-        if "block_size" in extra and "blocks_per_chunk" in extra:
-            raise ValueError(
-                "kv_connector_extra_config: give block_size (tokens per chunk) or "
-                "blocks_per_chunk, not both (block_size="
-                f"{shown(extra['block_size'])}, "
-                f"blocks_per_chunk={shown(extra['blocks_per_chunk'])})"
-            )
-        chunk_tokens = (
-            _int(extra, "block_size", 0, 1) if "block_size" in extra else None
-        )
-        per_chunk = (
-            _int(extra, "blocks_per_chunk", 1, 1)
-            if "blocks_per_chunk" in extra
-            else None
-        )
-        policy = extra.get("eviction_policy", "lru")
-        try:
-            get_policy_class(policy)
-        except ValueError as exc:
-            # The key is named once, not as `['eviction_policy']: eviction_policy:`.
-            reason = str(exc).removeprefix("eviction_policy: ")
-            raise ValueError(
-                f"kv_connector_extra_config['eviction_policy']: {reason}"
-            ) from None
-        tiers = extra.get("secondary_tiers", [])
-        if not isinstance(tiers, Sequence) or isinstance(tiers, str | bytes):
-            raise ValueError(
-                "kv_connector_extra_config['secondary_tiers']: "
-                f"{shown_value(tiers)} is not a list of tier configs"
-            )
-        for i, tier in enumerate(tiers):
-            try:
-                parse_tier_config(tier)
-            except (ValueError, TypeError) as exc:
-                raise ValueError(
-                    f"kv_connector_extra_config['secondary_tiers'][{i}]: {exc}"
-                ) from None
-        defer = extra.get("max_defer_s", 1.0)
-        if not is_valid_max_defer_s(defer):
-            raise ValueError(
-                f"kv_connector_extra_config['max_defer_s']: {shown(defer)} is not a "
-                "finite number of seconds >= 0 (a deferral must end)"
-            )
-        tag = extra.get("model_tag")
-        if tag is not None and (not isinstance(tag, str) or not tag.strip()):
-            raise ValueError(
-                "kv_connector_extra_config['model_tag']: "
-                f"{shown(tag)} is not a non-empty string"
-            )
+        values = _checked(extra, errors)
+        errors.raise_if_any()
         return cls(
-            cpu_bytes_to_use=cpu,
-            chunk_tokens=chunk_tokens,
-            blocks_per_chunk=per_chunk,
-            eviction_policy=policy,
-            store_threshold=_int(extra, "store_threshold", 0, 0),
-            max_tracker_size=_int(extra, "max_tracker_size", 64_000, 1),
-            offload_prompt_only=_bool(extra, "offload_prompt_only", True),
-            secondary_tiers=tuple(dict(t) for t in tiers),
-            max_defer_s=float(defer),
-            model_tag=tag,
+            cpu_bytes_to_use=values["cpu_bytes_to_use"],
+            chunk_tokens=values.get("block_size"),
+            blocks_per_chunk=values.get("blocks_per_chunk"),
+            eviction_policy=values.get("eviction_policy", "lru"),
+            store_threshold=values.get("store_threshold", 0),
+            max_tracker_size=values.get("max_tracker_size", 64_000),
+            offload_prompt_only=values.get("offload_prompt_only", True),
+            secondary_tiers=values.get("secondary_tiers", ()),
+            max_defer_s=values.get("max_defer_s", 1.0),
+            model_tag=values.get("model_tag"),
+            config_file=source,
         )
 
     def blocks_per_chunk_for(self, engine_block_tokens: int) -> int:

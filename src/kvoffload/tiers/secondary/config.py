@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from kvoffload.config import config_mapping, finite_seconds, is_count, parse_size, shown
+from kvoffload.config.errors import ErrorList, unknown_key
 from kvoffload.config.request_params import LOCALITIES, MEDIA
 from kvoffload.policies import get_policy_class
 from kvoffload.tiers.base import OffloadPolicy
@@ -36,25 +37,23 @@ _MAPPING_KEY = {"capacity_bytes": "capacity"}
 
 
 def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C:
+    """The config of `mapping`; every unknown and missing key, and every bad
+    value `cls` finds, reported together (`ConfigError`)."""
     # Not the fields made from others (a password read from the environment).
     all_fields = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]
     by_key = {_MAPPING_KEY.get(f.name, f.name): f.name for f in all_fields}
+    errors = ErrorList()
     kwargs: dict[str, Any] = {}
     for key, value in config_mapping(
         mapping, f"{tier_type} tier", bare_keys=True
     ).items():
         if key == "type":
             if value != tier_type:
-                raise ValueError(
-                    f"type: {shown(value)} given to the {tier_type} tier config"
-                )
-            continue
-        if key not in by_key:
-            raise ValueError(
-                f"unknown {tier_type} tier key {shown(key)}; valid keys: "
-                f"{sorted(['type', *by_key])}"
-            )
-        kwargs[by_key[key]] = value
+                errors.add(f"type: {shown(value)} given to the {tier_type} tier config")
+        elif key in by_key:
+            kwargs[by_key[key]] = value
+        else:
+            errors.add(unknown_key(f"{tier_type} tier", key, ["type", *by_key]))
     missing = [
         _MAPPING_KEY.get(f.name, f.name)
         for f in all_fields
@@ -62,9 +61,15 @@ def _from_mapping(cls: type[C], tier_type: str, mapping: Mapping[str, Any]) -> C
         and f.default is MISSING
         and f.default_factory is MISSING
     ]
+    config: C | None = None
     if missing:
-        raise ValueError(f"{tier_type} tier: missing required key(s) {missing}")
-    return cls(**kwargs)
+        errors.add(f"{tier_type} tier: missing required key(s) {missing}")
+    else:
+        with errors.check():
+            config = cls(**kwargs)
+    errors.raise_if_any()
+    assert config is not None
+    return config
 
 
 # Names the stats and Prometheus metrics already use as a tier: host memory
@@ -219,6 +224,24 @@ def _file_mode(value: object) -> int:
     )
 
 
+def _check_path(path: object) -> None:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(
+            f"path: {shown(path)} must be a non-empty directory path "
+            "(without NUL characters)"
+        )
+
+
+def _capacity(value: object) -> int:
+    capacity = parse_size(value, "capacity")
+    if not 0 < capacity <= MAX_CAPACITY_BYTES:
+        raise ValueError(
+            f"capacity: {shown(value)} must be > 0 bytes and at "
+            f"most {MAX_CAPACITY_BYTES:,} (8 EiB)"
+        )
+    return capacity
+
+
 @dataclass(frozen=True)
 class FileTierConfig:
     """A directory of chunk files with a byte capacity (`capacity` in mappings)."""
@@ -242,30 +265,35 @@ class FileTierConfig:
     directories get 0700 or 0770. Whatever the umask (see `file_access`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path or "\0" in self.path:
-            raise ValueError(
-                f"path: {shown(self.path)} must be a non-empty directory path "
-                "(without NUL characters)"
+        # Each check on its own: every bad setting is reported at once.
+        errors = ErrorList()
+        with errors.check():
+            _check_path(self.path)
+        with errors.check():
+            object.__setattr__(self, "capacity_bytes", _capacity(self.capacity_bytes))
+        with errors.check():
+            _check_eviction_policy(self.eviction_policy)
+        with errors.check():
+            _check_name(self.name)
+        with errors.check():
+            _check_locality(self.locality)
+        with errors.check():
+            policy = _offload_policy(self.offload_policy)
+            object.__setattr__(self, "offload_policy", policy)
+        with errors.check():
+            _check_int(self.num_threads, "num_threads", 1, MAX_FILE_THREADS)
+        with errors.check():
+            _check_int(
+                self.max_inflight_chunks, "max_inflight_chunks", 1, MAX_INFLIGHT_CHUNKS
             )
-        capacity = self.capacity_bytes
-        object.__setattr__(self, "capacity_bytes", parse_size(capacity, "capacity"))
-        if not 0 < self.capacity_bytes <= MAX_CAPACITY_BYTES:
-            raise ValueError(
-                f"capacity: {shown(capacity)} must be > 0 bytes and at "
-                f"most {MAX_CAPACITY_BYTES:,} (8 EiB)"
-            )
-        _check_eviction_policy(self.eviction_policy)
-        _check_name(self.name)
-        _check_locality(self.locality)
-        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
-        _check_int(self.num_threads, "num_threads", 1, MAX_FILE_THREADS)
-        _check_int(
-            self.max_inflight_chunks, "max_inflight_chunks", 1, MAX_INFLIGHT_CHUNKS
-        )
-        if not isinstance(self.fsync, bool):
-            raise ValueError(f"fsync: {shown(self.fsync)} must be true or false")
-        _check_rescan_interval(self.rescan_interval_s)
-        object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
+        with errors.check():
+            if not isinstance(self.fsync, bool):
+                raise ValueError(f"fsync: {shown(self.fsync)} must be true or false")
+        with errors.check():
+            _check_rescan_interval(self.rescan_interval_s)
+        with errors.check():
+            object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
+        errors.raise_if_any()
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FileTierConfig:
@@ -274,6 +302,29 @@ class FileTierConfig:
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 _MAX_KEY_PREFIX = 1024
+
+
+def _check_key_prefix(prefix: object) -> None:
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(
+            f"key_prefix: {rs.safe_repr(prefix)} must be a non-empty string"
+        )
+    if len(prefix) > _MAX_KEY_PREFIX:
+        raise ValueError(
+            f"key_prefix: {rs.safe_repr(prefix)} must be at most "
+            f"{_MAX_KEY_PREFIX} characters (it starts every key)"
+        )
+
+
+def _batch_bytes(batch: object) -> int:
+    allowed = f"must be from 1 to {rs.MAX_BATCH_BYTES} bytes"
+    if type(batch) is int and not 0 < batch <= rs.MAX_BATCH_BYTES:
+        # Before parse_size, whose error would repr it.
+        raise ValueError(f"batch_bytes: {rs.safe_repr(batch)} {allowed}")
+    size = parse_size(batch, "batch_bytes")
+    if not 0 < size <= rs.MAX_BATCH_BYTES:
+        raise ValueError(f"batch_bytes: {rs.safe_repr(batch)} {allowed}")
+    return size
 
 
 @dataclass(frozen=True, repr=False)
@@ -311,49 +362,66 @@ class RedisTierConfig:
     """The password read from `password_env`."""
 
     def __post_init__(self) -> None:
-        _check_redis_installed()
-        object.__setattr__(self, "url", rs.resolve_url(self.url, self.url_env))
-        _check_redis_url(self.url)
-        _check_name(self.name)
-        self._check_numbers()
-        if not isinstance(self.key_prefix, str) or not self.key_prefix:
-            raise ValueError(
-                f"key_prefix: {rs.safe_repr(self.key_prefix)} must be a non-empty "
-                "string"
-            )
-        if len(self.key_prefix) > _MAX_KEY_PREFIX:
-            raise ValueError(
-                f"key_prefix: {rs.safe_repr(self.key_prefix)} must be at most "
-                f"{_MAX_KEY_PREFIX} characters (it starts every key)"
-            )
-        _check_locality(self.locality)
-        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
-        batch = self.batch_bytes
-        if type(batch) is int and not 0 < batch <= rs.MAX_BATCH_BYTES:
-            raise ValueError(  # before parse_size, whose error would repr it
-                f"batch_bytes: {rs.safe_repr(batch)} must be from 1 to "
-                f"{rs.MAX_BATCH_BYTES} bytes"
-            )
-        object.__setattr__(self, "batch_bytes", parse_size(batch, "batch_bytes"))
-        if not 0 < self.batch_bytes <= rs.MAX_BATCH_BYTES:
-            raise ValueError(
-                f"batch_bytes: {rs.safe_repr(batch)} must be from 1 to "
-                f"{rs.MAX_BATCH_BYTES} bytes"
-            )
-        self._check_topology()
-        self._check_options()
-        if self.password_env is not None:
-            password = rs.read_env("password_env", self.password_env)
-            object.__setattr__(self, "password", password)
+        _check_redis_installed()  # without it, nothing else matters
+        # Each check on its own, so that every bad setting is reported at once;
+        # the URL's topology and options only with a URL that parsed.
+        errors = ErrorList()
+        url_ok = False
+        with errors.check():
+            object.__setattr__(self, "url", rs.resolve_url(self.url, self.url_env))
+            _check_redis_url(self.url)
+            url_ok = True
+        with errors.check():
+            _check_name(self.name)
+        self._check_numbers(errors)
+        with errors.check():
+            _check_key_prefix(self.key_prefix)
+        with errors.check():
+            _check_locality(self.locality)
+        with errors.check():
+            policy = _offload_policy(self.offload_policy)
+            object.__setattr__(self, "offload_policy", policy)
+        with errors.check():
+            object.__setattr__(self, "batch_bytes", _batch_bytes(self.batch_bytes))
+        if url_ok:
+            with errors.check():
+                self._check_topology()
+                self._check_options()
+        with errors.check():
+            if self.password_env is not None:
+                password = rs.read_env("password_env", self.password_env)
+                object.__setattr__(self, "password", password)
+        errors.raise_if_any()
 
-    def _check_numbers(self) -> None:
+    def _check_numbers(self, errors: ErrorList) -> None:
         # A socket timeout past what the platform's clock holds raises
         # OverflowError on every call; far less is already a hang.
-        rs.check_seconds("timeout_s", self.timeout_s, maximum=rs.MAX_TIMEOUT_S)
+        with errors.check():
+            rs.check_seconds("timeout_s", self.timeout_s, maximum=rs.MAX_TIMEOUT_S)
         for name in ("hit_cache_s", "miss_cache_s"):
-            rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_CACHE_S)
+            with errors.check():
+                rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_CACHE_S)
+        valid_backoffs = 0
         for name in ("backoff_initial_s", "backoff_max_s"):
-            rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_BACKOFF_S)
+            with errors.check():
+                rs.check_seconds(name, getattr(self, name), maximum=rs.MAX_BACKOFF_S)
+                valid_backoffs += 1
+        with errors.check():
+            if valid_backoffs == 2:  # their order only compares two numbers
+                self._check_backoff_order()
+        with errors.check():
+            rs.check_seconds("ttl_s", self.ttl_s, maximum=rs.MAX_TTL_S, allow_none=True)
+        threads_ok = False
+        with errors.check():
+            rs.check_count("num_threads", self.num_threads, 1, rs.MAX_THREADS)
+            threads_ok = True
+        with errors.check():
+            rs.check_count("max_inflight_chunks", self.max_inflight_chunks, 1, 1 << 24)
+        with errors.check():
+            if threads_ok:
+                self._check_max_connections()
+
+    def _check_backoff_order(self) -> None:
         if self.backoff_max_s < self.backoff_initial_s:
             # Named by the setting the user changed: either may be the default.
             if self.backoff_max_s == RedisTierConfig.backoff_max_s:
@@ -365,9 +433,8 @@ class RedisTierConfig:
                 f"backoff_max_s: {shown(self.backoff_max_s)} must be >= "
                 f"backoff_initial_s ({shown(self.backoff_initial_s)})"
             )
-        rs.check_seconds("ttl_s", self.ttl_s, maximum=rs.MAX_TTL_S, allow_none=True)
-        rs.check_count("num_threads", self.num_threads, 1, rs.MAX_THREADS)
-        rs.check_count("max_inflight_chunks", self.max_inflight_chunks, 1, 1 << 24)
+
+    def _check_max_connections(self) -> None:
         # The pool's connections serve the I/O threads, the lookup thread and
         # a reset's: fewer fail calls with "Too many connections", which reads
         # as a server that is down.
@@ -445,12 +512,21 @@ class MemoryTierConfig:
     max_inflight_chunks: int = 256
 
     def __post_init__(self) -> None:
-        _check_int(self.capacity_chunks, "capacity_chunks", 1)
-        _check_eviction_policy(self.eviction_policy)
-        _check_name(self.name)
-        _check_locality(self.locality)
-        object.__setattr__(self, "offload_policy", _offload_policy(self.offload_policy))
-        _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        errors = ErrorList()
+        with errors.check():
+            _check_int(self.capacity_chunks, "capacity_chunks", 1)
+        with errors.check():
+            _check_eviction_policy(self.eviction_policy)
+        with errors.check():
+            _check_name(self.name)
+        with errors.check():
+            _check_locality(self.locality)
+        with errors.check():
+            policy = _offload_policy(self.offload_policy)
+            object.__setattr__(self, "offload_policy", policy)
+        with errors.check():
+            _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        errors.raise_if_any()
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> MemoryTierConfig:
