@@ -79,3 +79,11 @@ def _bytes(value: object, field: str, allowed: str) -> int:
     raise ValueError(
         f"{field}: cannot parse {shown(value)} as a size; expected {allowed}"
     )
+
+
+def format_size(nbytes: int) -> str:
+    """`nbytes` as people size memory and disks: `64 GiB`, `1.5 TiB`, `512 B`."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.4g} {unit}"
+    return f"{nbytes} B"

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.integrations.vllm.config import KVOffloadSettings
+from kvoffload.integrations.vllm.describe import log_start_up
 from kvoffload.integrations.vllm.engine_shape import EngineShape
 from kvoffload.integrations.vllm.in_process import refuse_another_engine, release_worker
 from kvoffload.integrations.vllm.kv_events import KVEventDescriber
@@ -130,6 +131,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
                 else None
             )
             self._scheduler = SchedulerSide(self._settings, shape, describer)
+            log_start_up(self._settings)  # once per engine: its scheduler's
         else:
             self._worker = WorkerSide(self._settings, shape, _tp_rank())
 
