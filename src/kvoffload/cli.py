@@ -1,4 +1,5 @@
-"""The `kvoffload` command: `replay` a trace through the cache, or run the `demo`."""
+"""The `kvoffload` command: `replay` a trace through the cache, run the `demo`, or
+`check-config` a vLLM configuration offline."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvoffload import __version__
+from kvoffload.integrations.vllm.check import (
+    add_check_config_arguments,
+    run_check_config,
+)
 from kvoffload.policies import policy_names
 from kvoffload.replay.cli import add_replay_arguments, run_cli
 
@@ -48,7 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--trace", help="a Mooncake-format trace instead of the generated workload"
     )
     demo.add_argument("--report-dir", type=Path, default=Path("reports"))
+    check = sub.add_parser(
+        "check-config",
+        help="check kvoffload's vLLM configuration offline: print it resolved, "
+        "or every error",
+        description="Check kv_connector_extra_config (or a whole "
+        "--kv-transfer-config) as the vLLM connector would, without vLLM: print "
+        "the resolved configuration (secrets masked) and exit 0, or every error "
+        "and exit 1.",
+    )
+    add_check_config_arguments(check)
     args = parser.parse_args(argv)
+    if args.command == "check-config":
+        return run_check_config(args)
     if args.command == "demo":
         replay_args = replay.parse_args(_demo_argv(args))
         return run_cli(demo, replay_args)
