@@ -155,3 +155,24 @@ def test_secrets_are_masked_and_env_references_resolved(
     code, _, err = check(capsys, json.dumps(extra))
     assert code == 1
     assert "the environment variable 'KV_PW' (${KV_PW}) is not set" in err
+
+
+def test_probe_says_which_redis_tier_does_not_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A dead loopback port: refused at once, named without the password; the
+    configuration itself is valid (exit 0), as the engine would start."""
+    pytest.importorskip("redis")
+    from kvoffload.tiers.secondary.redis_server import free_port
+
+    url = f"redis://app:{SECRET}@127.0.0.1:{free_port()}/0"
+    extra = {
+        "cpu_bytes_to_use": "1GiB",
+        "secondary_tiers": [{"type": "redis", "url": url}],
+    }
+    code, out, _ = check(capsys, json.dumps(extra), "--probe")
+    assert code == 0
+    probed = out.splitlines()[-1]
+    assert probed.startswith("  tier 'redis': redis://app:***@127.0.0.1:")
+    assert "does NOT answer" in probed
+    assert SECRET not in out
