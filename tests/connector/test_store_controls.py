@@ -9,7 +9,6 @@ import pytest
 from kvoffload import CPUOffloadingManager, ReqContext, chunk_keys, offload_key_group
 from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
 from kvoffload.engine_model import SimRequest
-from kvoffload.keys import chunk_keys
 from kvoffload.tiering import TieringManager
 from kvoffload.tiers.base import OffloadPolicy, RequestOffloadingContext
 from kvoffload.tiers.secondary import ArrayChunkBuffer, MemoryTier, MemoryTierConfig
