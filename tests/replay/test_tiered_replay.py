@@ -4,6 +4,7 @@ without them exactly as before."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,9 @@ def test_tiers_in_the_table_and_the_json(
             "redis:2GiB:1.25"]  # fmt: skip
     assert kvoffload_main(argv) == 0
     out = capsys.readouterr().out
-    assert "file (5 GB/s)" in out and "redis (1.25 GB/s)" in out
+    # Each tier's link in the bandwidth table: its kind's default, or as given.
+    assert re.search(r"^lru 100 +file +5 ", out, re.MULTILINE)
+    assert re.search(r"^lru 100 +redis +1\.25 ", out, re.MULTILINE)
     assert kvoffload_main([*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out.splitlines()[0])
     names = [t["name"] for t in record["tiers"]]

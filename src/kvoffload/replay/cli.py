@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
-from rich.table import Table
 
+from kvoffload.config.sizes import format_size
 from kvoffload.engine_model import TimeModel
 from kvoffload.policies import policy_names
 from kvoffload.replay import limits, report
@@ -45,7 +45,8 @@ from kvoffload.replay.output_paths import prepare_report_dir, resolve_plot_path
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
-from kvoffload.replay.tier_report import tiers_table
+from kvoffload.replay.tables import ReportTable, print_tables, write_tables
+from kvoffload.replay.tier_report import tiers_tables
 from kvoffload.replay.workload import Workload
 
 WORKLOADS = ("chat-agents", "reasoning", *SYNTHETIC_WORKLOADS)
@@ -331,7 +332,7 @@ def _policies(args: argparse.Namespace) -> list[str]:
 
 
 def replay_main(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = report.wide_console(console)
+    console = console or Console()
     if args.list_policies:
         print("\n".join(policy_names()))
         return 0
@@ -380,23 +381,24 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     ]
     records.append(report.offline_json("infinite", workload.name, None, inf))
     title = (
-        f"{workload.name}: {len(workload):,} requests, chunk {chunk} tokens, device cache "
+        f"{workload.name}: {len(workload):,} requests, chunk {chunk} tokens "
+        f"({_size(runs[0].settings.chunk_bytes)}), device cache "
         f"{args.device_tokens:,} tokens, arrivals x{scale:.2f}"
     )
-    table = report.results_table(results, bel, inf, title)
-    notes = report.prompt_only_summary(results)
+    tables = [report.results_table(results, bel, inf, title)]
+    prompt_only_table = report.prompt_only_table(results)
+    if prompt_only_table is not None:
+        tables.append(prompt_only_table)
+    if any(r.tiers for r in results):
+        tables += tiers_tables(results)
     if args.json:
         report.write_json_lines(records, sys.stdout)
     else:
-        console.print(table)
-        for line in notes:
-            console.print(line)
-        if any(r.tiers for r in results):
-            console.print(tiers_table(results))
+        print_tables(console, tables)
     if args.plot:
         report.plot(results, bel, inf, args.plot, title)
     if args.report_dir:
-        _write_report(args.report_dir, records, notes, console, table)
+        write_report(args.report_dir, records, tables)
         drawn = report.plot(results, bel, inf, args.report_dir / "hit_ratio.png", title)
         console.print(
             f"report written to {args.report_dir}/: results.jsonl, table.txt"
@@ -405,20 +407,22 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     return 0
 
 
-def _write_report(
+def _size(nbytes: int) -> str:
+    """`nbytes` as a title shows it: `64MiB`, one word that a line does not break."""
+    return format_size(nbytes).replace(" ", "")
+
+
+def write_report(
     directory: Path,
     records: Sequence[dict[str, object]],
-    notes: Sequence[str],
-    console: Console,
-    table: Table,
+    tables: Sequence[ReportTable],
 ) -> None:
+    """results.jsonl and table.txt (the tables at `REPORT_WIDTH` columns)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / "results.jsonl", "w", encoding="utf-8") as f:
         report.write_json_lines(records, f)
     with open(directory / "table.txt", "w", encoding="utf-8") as f:
-        Console(file=f, width=160).print(table)
-        for line in notes:
-            f.write(line + "\n")
+        write_tables(f, tables)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

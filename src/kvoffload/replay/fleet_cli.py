@@ -15,10 +15,8 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from kvoffload.replay import report
 from kvoffload.replay.cli import (
@@ -27,7 +25,9 @@ from kvoffload.replay.cli import (
     _capacities,
     _load,
     _policies,
+    _size,
     _time_model,
+    write_report,
 )
 from kvoffload.replay.fleet import FleetSettings, run_fleet
 from kvoffload.replay.fleet_args import tier_settings
@@ -36,7 +36,8 @@ from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import offline_bounds
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS
-from kvoffload.replay.tier_report import make_tier_table, tier_rows
+from kvoffload.replay.tables import ReportTable, print_tables
+from kvoffload.replay.tier_report import make_tier_tables, rate_rows, tier_rows
 from kvoffload.replay.workload import Workload
 
 PER_ENGINE_ROWS = 16
@@ -136,8 +137,9 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
     _, inf = offline_bounds(workload, chunk, [], False)
     title = (
         f"{workload.name}: {len(workload):,} requests over {engines} engines, chunk "
-        f"{chunk} tokens, device cache {args.device_tokens:,} tokens, arrivals "
-        f"x{scale:.2f}; infinite-cache hit ratio {inf.hit_ratio:.3f}"
+        f"{chunk} tokens ({_size(runs[0].settings.chunk_bytes)}), device "
+        f"cache {args.device_tokens:,} tokens, arrivals x{scale:.2f}; "
+        f"infinite-cache hit ratio {inf.hit_ratio:.3f}"
     )
     tables = fleet_tables(results, title)
     records = [r.as_json() for r in results]
@@ -145,21 +147,21 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         report.write_json_lines(records, sys.stdout)
     else:
-        for table in tables:
-            console.print(table)
+        print_tables(console, tables)
     if args.report_dir:
-        _write(args.report_dir, records, tables)
+        write_report(args.report_dir, records, tables)
         console.print(f"report written to {args.report_dir}/: results.jsonl, table.txt")
     return 0
 
 
-def fleet_tables(results: Sequence[FleetResult], title: str) -> list[Table]:
+def fleet_tables(results: Sequence[FleetResult], title: str) -> list[ReportTable]:
     """The fleet summary, each run's engines, and each run's tiers."""
     tables = [_summary(results, title)]
     for r in results:
         tables.append(_engines(r))
     rows = [row for r in results for row in tier_rows(_label(r), r.tiers)]
-    tables.append(make_tier_table("tiers (host and local tiers: all engines)", rows))
+    rates = [row for r in results for row in rate_rows(_label(r), r.tiers)]
+    tables += make_tier_tables("tiers (host and local tiers: all engines)", rows, rates)
     return tables
 
 
@@ -167,54 +169,47 @@ def _label(r: FleetResult) -> str:
     return f"{r.router} {r.policy} {r.capacity_chunks:,}"
 
 
-def _summary(results: Sequence[FleetResult], title: str) -> Table:
+def _summary(results: Sequence[FleetResult], title: str) -> ReportTable:
     """One row per run; a column per tier of its share of the hit ratio."""
     first = results[0]
-    tiers = [t.name for t in first.tiers]
-    table = Table(
-        title=f"{title}\nper engine: host tier, local tiers "
-        f"{' '.join(first.local_tiers) or '-'}; shared tier {first.shared_tier or '-'}"
-    )
-    for name in ("router", "policy", "host/engine", "hit ratio", *tiers):
-        table.add_column(
-            name, justify="left" if name in ("router", "policy") else "right"
-        )
-    for name in ("shared GB/s read/write peak", "TTFT mean s", "TTFT p90 s",
-                 "imbalance", "req/s"):  # fmt: skip
-        table.add_column(name, justify="right")
-    for r in results:
-        shared = r.tiers[-1] if r.shared_tier else None
-        rates = "-"
-        if shared is not None and shared.read_gbps_peak is not None:
-            rates = f"{shared.read_gbps_peak:.2f} / {shared.write_gbps_peak or 0:.2f}"
-        table.add_row(
+    # "shared-redis" over two lines: these columns hold 0.123.
+    tiers = [t.name.replace("-", "-\n", 1) for t in first.tiers]
+    headers = ("router", "policy", "host\nchunks", "hit\nratio", *tiers,
+               "TTFT\nmean s", "TTFT\np90 s", "imbalance")  # fmt: skip
+    rows = tuple(
+        (
             r.router,
             r.policy,
             f"{r.capacity_chunks:,}",
             f"{r.hit_ratio:.3f}",
             *(f"{t.hit_ratio:.3f}" for t in r.tiers),
-            rates,
             f"{r.est_ttft_s:.3f}",
             f"{r.p90_ttft_s:.3f}",
             f"{r.load_imbalance:.2f}",
-            f"{r.requests_per_s:,.0f}",
         )
-    return table
+        for r in results
+    )
+    local = " ".join(first.local_tiers) or "-"
+    title += (
+        f"\nper engine: host tier, local tiers {local}; shared tier "
+        f"{first.shared_tier or '-'}"
+    )
+    return ReportTable(title, headers, rows, keys=3, left=2)
 
 
-def _engines(r: FleetResult) -> Table:
-    table = Table(title=f"engines: {_label(r)}, shared tier {r.shared_tier or '-'}")
-    for i, name in enumerate(("engine", "requests", "load share", "hit ratio",
-                              "TTFT mean s", "TTFT p90 s")):  # fmt: skip
-        table.add_column(name, justify="left" if i == 0 else "right")
+def _engines(r: FleetResult) -> ReportTable:
+    title = (
+        f"engines: {_label(r)}, shared tier {r.shared_tier or '-'} (replayed at "
+        f"{r.requests_per_s:,.0f} requests/s)"
+    )
+    headers = ("engine", "requests", "load\nshare", "hit\nratio", "TTFT\nmean s",
+               "TTFT\np90 s")  # fmt: skip
     engines = list(r.per_engine)
     if len(engines) > PER_ENGINE_ROWS:
-        for label, e in _spread(engines):
-            table.add_row(label, *_engine_cells(e))
+        rows = [(label, *_engine_cells(e)) for label, e in _spread(engines)]
     else:
-        for e in engines:
-            table.add_row(str(e.engine), *_engine_cells(e))
-    return table
+        rows = [(str(e.engine), *_engine_cells(e)) for e in engines]
+    return ReportTable(title, headers, tuple(rows))
 
 
 def _spread(engines: list[EngineResult]) -> list[tuple[str, EngineResult]]:
@@ -237,15 +232,3 @@ def _engine_cells(e: EngineResult) -> list[str]:
         f"{e.est_ttft_s:.3f}",
         f"{e.p90_ttft_s:.3f}",
     ]
-
-
-def _write(
-    directory: Path, records: list[dict[str, object]], tables: list[Table]
-) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "results.jsonl", "w", encoding="utf-8") as f:
-        report.write_json_lines(records, f)
-    with open(directory / "table.txt", "w", encoding="utf-8") as f:
-        out = Console(file=f, width=200)
-        for table in tables:
-            out.print(table)

@@ -7,11 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from rich.console import Console
-from rich.table import Table
-
 from kvoffload.replay.belady import OfflineResult
 from kvoffload.replay.runner import ReplayResult
+from kvoffload.replay.tables import ReportTable
 
 
 def offline_json(
@@ -40,20 +38,18 @@ def results_table(
     belady: dict[int, OfflineResult],
     infinite: OfflineResult | None,
     title: str,
-) -> Table:
+) -> ReportTable:
     """One row per replay, then the offline bounds; constant settings are omitted."""
     show_filter = len({r.store_threshold for r in results}) > 1 or any(
         r.store_threshold >= 2 for r in results
     )
     show_prompt_only = len({r.offload_prompt_only for r in results}) > 1
     show_device = any(r.device_tokens for r in results)
-    columns = ["policy", "capacity"]
-    columns += ["filter"] * show_filter + ["prompt-only"] * show_prompt_only
-    columns += ["hit ratio", "token hit"] + ["device hits"] * show_device
-    columns += ["stored", "loaded", "evicted", "TTFT mean s", "TTFT p90 s"]
-    table = Table(title=title, title_justify="left")
-    for col in columns:
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    headers = ["policy", "capacity"]
+    headers += ["filter"] * show_filter + ["prompt\nonly"] * show_prompt_only
+    headers += ["hit\nratio", "token\nhit"] + ["device\nhits"] * show_device
+    headers += ["stored", "loaded", "evicted", "TTFT\nmean s", "TTFT\np90 s"]
+    rows: list[tuple[str, ...]] = []
     for r in sorted(
         results, key=lambda r: (r.capacity_chunks, r.policy, r.store_threshold)
     ):
@@ -72,40 +68,53 @@ def results_table(
             f"{r.est_ttft_s:.3f}",
             f"{r.p90_ttft_s:.3f}",
         ]
-        table.add_row(*row)
-    pad = len(columns) - 2 - show_filter - show_prompt_only - 1
+        rows.append(tuple(row))
+    pad = [""] * (len(headers) - 2 - show_filter - show_prompt_only - 1)
     lead = ["-"] * (show_filter + show_prompt_only)
     for capacity, result in sorted(belady.items()):
-        table.add_row(
-            "belady", f"{capacity:,}", *lead, f"{result.hit_ratio:.3f}", *[""] * pad
-        )
+        rows.append(("belady", f"{capacity:,}", *lead, f"{result.hit_ratio:.3f}", *pad))
     if infinite is not None:
-        table.add_row(
-            "infinite", "inf", *lead, f"{infinite.hit_ratio:.3f}", *[""] * pad
-        )
-    return table
+        rows.append(("infinite", "inf", *lead, f"{infinite.hit_ratio:.3f}", *pad))
+    return ReportTable(title, tuple(headers), tuple(rows), keys=2, left=1)
 
 
-def prompt_only_summary(results: Sequence[ReplayResult]) -> list[str]:
-    """Lines comparing offload_prompt_only on and off at each (policy, capacity)."""
-    lines: list[str] = []
+def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
+    """offload_prompt_only on against off at each (policy, capacity, filter)
+    replayed both ways: chunks written and hit ratio; None if none was."""
     pairs: dict[tuple[str, int, int], dict[bool, ReplayResult]] = {}
     for r in results:
         pairs.setdefault((r.policy, r.capacity_chunks, r.store_threshold), {})[
             r.offload_prompt_only
         ] = r
+    rows: list[tuple[str, ...]] = []
     for (policy, capacity, _), pair in sorted(pairs.items()):
         if True in pair and False in pair:
             on, off = pair[True], pair[False]
             saved = (
                 1 - on.chunks_stored / off.chunks_stored if off.chunks_stored else 0.0
             )
-            lines.append(
-                f"offload_prompt_only {policy} @ {capacity:,} chunks: chunks written "
-                f"{on.chunks_stored:,} (on) vs {off.chunks_stored:,} (off), "
-                f"{saved:.0%} fewer writes; hit ratio {on.hit_ratio:.3f} vs {off.hit_ratio:.3f}"
+            rows.append(
+                (
+                    policy,
+                    f"{capacity:,}",
+                    f"{on.chunks_stored:,}",
+                    f"{off.chunks_stored:,}",
+                    f"{saved:.0%}",
+                    f"{on.hit_ratio:.3f}",
+                    f"{off.hit_ratio:.3f}",
+                )
             )
-    return lines
+    if not rows:
+        return None
+    headers = ("policy", "capacity", "written\non", "written\noff", "fewer\nwrites",
+               "hit ratio\non", "hit ratio\noff")  # fmt: skip
+    return ReportTable(
+        "offload_prompt_only: chunks written and hit ratio, on against off",
+        headers,
+        tuple(rows),
+        keys=2,
+        left=1,
+    )
 
 
 def plot(
@@ -155,9 +164,3 @@ def plot(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
-
-
-def wide_console(console: Console | None = None) -> Console:
-    """The given console, or a 140-column one when output is not a terminal."""
-    console = console or Console()
-    return console if console.is_terminal else Console(width=140)
