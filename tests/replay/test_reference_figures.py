@@ -46,7 +46,7 @@ def test_lru_arc_and_reuse_filter_match_the_reference(bundled_trace: Path) -> No
         for capacity in REFERENCE
         for policy, threshold in (("lru", 0), ("arc", 0), ("lru", 2))
     ]
-    results = run_sweep(workload, runs, show_progress=False)
+    results = run_sweep(workload, runs)
     for run, result in zip(runs, results, strict=True):
         column = {("lru", 0): 0, ("arc", 0): 1, ("lru", 2): 2}[
             (run.policy, run.settings.store_threshold)

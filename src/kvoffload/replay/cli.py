@@ -42,6 +42,7 @@ from kvoffload.replay.generators import (
 )
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, load_mooncake
 from kvoffload.replay.output_paths import prepare_report_dir, resolve_plot_path
+from kvoffload.replay.progress import LINE_INTERVAL_S, PROGRESS_MODES, progress_for
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.sweep import Run, offline_bounds, run_sweep
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS, synthetic
@@ -177,6 +178,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int_in(1, limits.MAX_JOBS),
         help="parallel replay processes (default: CPU count)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="progress on stderr: auto is a bar with rate and ETA on a terminal, "
+        f"else a line every {LINE_INTERVAL_S:g} s (lines)",
     )
     add_tier_and_fleet_arguments(parser)
 
@@ -370,9 +378,8 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         for po in prompt_only
     ]
     runs[0].settings.validate(workload)
-    results = run_sweep(
-        workload, runs, args.jobs, show_progress=not args.json and sys.stderr.isatty()
-    )
+    with progress_for(args.progress, len(runs) * len(workload), len(runs)) as shown:
+        results = run_sweep(workload, runs, args.jobs, shown)
     bel, inf = offline_bounds(workload, chunk, capacities, args.belady)
     records = [r.as_json() for r in results]
     records += [

@@ -8,12 +8,9 @@ Same workload, time model and capacity options as a single-engine replay; each
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from rich.console import Console
@@ -33,8 +30,9 @@ from kvoffload.replay.fleet import FleetSettings, run_fleet
 from kvoffload.replay.fleet_args import tier_settings
 from kvoffload.replay.fleet_report import EngineResult, FleetResult
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS
+from kvoffload.replay.progress import ReplayProgress, progress_for
 from kvoffload.replay.runner import ReplaySettings
-from kvoffload.replay.sweep import offline_bounds
+from kvoffload.replay.sweep import Report, offline_bounds, run_parallel
 from kvoffload.replay.synthetic import SYNTHETIC_WORKLOADS
 from kvoffload.replay.tables import ReportTable, print_tables
 from kvoffload.replay.tier_report import make_tier_tables, rate_rows, tier_rows
@@ -52,30 +50,22 @@ class FleetRun:
     fleet: FleetSettings
 
 
-_WORKLOAD: Workload | None = None  # set before forking: shared, not pickled
-
-
-def _run(run: FleetRun) -> FleetResult:
-    assert _WORKLOAD is not None
-    return run_fleet(
-        _WORKLOAD, run.policy, run.capacity_chunks, run.settings, run.fleet
-    )
-
-
 def run_fleets(
-    workload: Workload, runs: Sequence[FleetRun], jobs: int | None
+    workload: Workload,
+    runs: Sequence[FleetRun],
+    jobs: int | None,
+    progress: ReplayProgress | None = None,
 ) -> list[FleetResult]:
-    """Every run, in parallel processes when `jobs` allows; in order of `runs`."""
-    global _WORKLOAD
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
-    _WORKLOAD = workload
-    try:
-        if jobs == 1:
-            return [_run(run) for run in runs]
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
-            return list(pool.map(_run, runs))
-    finally:
-        _WORKLOAD = None
+    """Every run, in parallel processes when `jobs` allows; in order of `runs`.
+    `progress` counts `len(runs) * len(workload)` requests."""
+    progress = progress or ReplayProgress(len(runs) * len(workload), len(runs))
+
+    def replay(run: FleetRun, report: Report) -> FleetResult:
+        return run_fleet(
+            workload, run.policy, run.capacity_chunks, run.settings, run.fleet, report
+        )
+
+    return run_parallel(replay, runs, jobs, progress)
 
 
 def rescaled(workload: Workload, scale: float) -> Workload:
@@ -133,7 +123,8 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
     runs[0].settings.validate(workload)
     if args.shared_tier is not None:
         args.shared_tier.capacity_chunks(runs[0].settings.chunk_bytes)
-    results = run_fleets(workload, runs, args.jobs)
+    with progress_for(args.progress, len(runs) * len(workload), len(runs)) as shown:
+        results = run_fleets(workload, runs, args.jobs, shown)
     _, inf = offline_bounds(workload, chunk, [], False)
     title = (
         f"{workload.name}: {len(workload):,} requests over {engines} engines, chunk "

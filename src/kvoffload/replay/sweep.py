@@ -1,5 +1,5 @@
-"""Running many (policy, capacity, settings) replays, in parallel processes, with
-progress bars, plus the offline bounds for the same capacities."""
+"""Running many (policy, capacity, settings) replays, in parallel processes,
+reporting progress, plus the offline bounds for the same capacities."""
 
 from __future__ import annotations
 
@@ -7,21 +7,20 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from typing import Any, TypeVar, cast
 
 from kvoffload.replay.belady import OfflineResult, belady, infinite
+from kvoffload.replay.progress import ReplayProgress
 from kvoffload.replay.runner import ReplayResult, ReplaySettings, run_replay
 from kvoffload.replay.workload import Workload
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+Report = Callable[[int], None]
+"""Called by a replay with the number of requests it finished since last time."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,9 @@ class Run:
     settings: ReplaySettings
 
 
-# Set before the worker processes fork, so they share the workload without pickling.
-_WORKLOAD: Workload | None = None
+# Set before the worker processes fork, so they share the task (and the workload
+# it holds) without pickling; only item indices and results cross processes.
+_TASK: Callable[[int, Report], Any] | None = None
 _PROGRESS: mp.Queue[int] | None = None
 
 
@@ -41,57 +41,66 @@ def _report(n: int) -> None:
         _PROGRESS.put(n)
 
 
-def _run(run: Run) -> ReplayResult:
-    assert _WORKLOAD is not None
-    return run_replay(_WORKLOAD, run.policy, run.capacity_chunks, run.settings, _report)
+def _run_item(index: int) -> Any:
+    assert _TASK is not None
+    return _TASK(index, _report)
+
+
+def run_parallel(
+    task: Callable[[Item, Report], Result],
+    items: Sequence[Item],
+    jobs: int | None,
+    progress: ReplayProgress,
+) -> list[Result]:
+    """`task(item, report)` for every item, in up to `jobs` forked processes (the
+    CPU count by default); results in the order of `items`. Each task reports
+    the requests it replayed, which advance `progress` in this process."""
+    global _TASK, _PROGRESS
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
+    if jobs == 1:
+        return [task(item, progress.advance) for item in items]
+    ctx = mp.get_context("fork")
+
+    def run_item(index: int, report: Report) -> Result:
+        return task(items[index], report)
+
+    _TASK = run_item
+    _PROGRESS = ctx.Queue()
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures: list[Future[Any]] = [
+                pool.submit(_run_item, i) for i in range(len(items))
+            ]
+            while not all(f.done() for f in futures):
+                try:
+                    progress.advance(_PROGRESS.get(timeout=0.2))
+                except queue.Empty:
+                    progress.poll()
+            with contextlib.suppress(queue.Empty):
+                while True:  # what the last replays reported after the check
+                    progress.advance(_PROGRESS.get_nowait())
+            return [cast(Result, f.result()) for f in futures]
+    finally:
+        _TASK = None
+        _PROGRESS = None
 
 
 def run_sweep(
     workload: Workload,
     runs: Sequence[Run],
     jobs: int | None = None,
-    show_progress: bool = True,
+    progress: ReplayProgress | None = None,
 ) -> list[ReplayResult]:
-    """Replay every run; results in the order of `runs`."""
-    global _WORKLOAD, _PROGRESS
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
-    _WORKLOAD = workload
-    ctx = mp.get_context("fork")
-    _PROGRESS = ctx.Queue()
-    total = len(runs) * len(workload)
-    columns = (
-        TextColumn("replaying"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    try:
-        with Progress(*columns, disable=not show_progress, transient=True) as bar:
-            task = bar.add_task("requests", total=total)
-            if jobs == 1:
-                out = []
-                for run in runs:
-                    out.append(
-                        run_replay(
-                            workload,
-                            run.policy,
-                            run.capacity_chunks,
-                            run.settings,
-                            lambda n: bar.advance(task, n),
-                        )
-                    )
-                return out
-            with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-                futures: list[Future[ReplayResult]] = [
-                    pool.submit(_run, run) for run in runs
-                ]
-                while not all(f.done() for f in futures):
-                    with contextlib.suppress(queue.Empty):
-                        bar.advance(task, _PROGRESS.get(timeout=0.2))
-                return [f.result() for f in futures]
-    finally:
-        _WORKLOAD = None
-        _PROGRESS = None
+    """Replay every run; results in the order of `runs`. `progress` counts
+    `len(runs) * len(workload)` requests (none shown by default)."""
+    progress = progress or ReplayProgress(len(runs) * len(workload), len(runs))
+
+    def replay(run: Run, report: Report) -> ReplayResult:
+        return run_replay(
+            workload, run.policy, run.capacity_chunks, run.settings, report
+        )
+
+    return run_parallel(replay, runs, jobs, progress)
 
 
 def offline_bounds(
