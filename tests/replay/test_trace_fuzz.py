@@ -217,6 +217,7 @@ def test_arbitrary_lines_are_read_within_bounds_or_named(
 NUMERIC_OPTIONS = {
     "--capacity-chunks": (1, None),
     "--capacity-tokens": (1, None),
+    "--capacity": (1, None),  # bytes
     "--chunk-tokens": (1, None),
     "--device-tokens": (0, None),
     "--store-threshold": (0, None),
@@ -234,6 +235,7 @@ option_texts = st.one_of(
     st.integers(-(2**80), 2**80).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "-0", "1" * 5000, "auto", ""]),
+    st.sampled_from(["16GiB", "0.5KiB", "1.5B", "0GiB", "1e3GB", "9" * 60 + "TiB"]),
     st.text(max_size=10),
 )
 

@@ -21,6 +21,11 @@ from kvoffload.config.sizes import format_size
 from kvoffload.engine_model import TimeModel
 from kvoffload.policies import policy_names
 from kvoffload.replay import limits, report
+from kvoffload.replay.capacity import (
+    add_capacity_arguments,
+    capacities,
+    kv_bytes_per_token,
+)
 from kvoffload.replay.cli_types import (
     AtLeastOne,
     float_in,
@@ -75,21 +80,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--list-policies", action="store_true", help="print the policy names and exit"
     )
-    capacity = parser.add_mutually_exclusive_group()
-    capacity.add_argument(
-        "--capacity-chunks",
-        type=int_in(1, limits.MAX_CAPACITY_CHUNKS),
-        nargs="+",
-        action=AtLeastOne,
-        help="host tier capacities in chunks",
-    )
-    capacity.add_argument(
-        "--capacity-tokens",
-        type=int_in(1, limits.MAX_CAPACITY_TOKENS),
-        nargs="+",
-        action=AtLeastOne,
-        help="host tier capacities in tokens",
-    )
+    add_capacity_arguments(parser)
     parser.add_argument(
         "--chunk-tokens",
         type=int_in(1, limits.MAX_CHUNK_TOKENS),
@@ -223,6 +214,8 @@ def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--partial-block applies to a trace, not to a --workload")
     if args.time_scale != "auto" and args.target_load is not None:
         parser.error("--target-load applies to --time-scale auto only")
+    if args.model is not None and args.kv_bytes_per_token is not None:
+        parser.error("give --model or --kv-bytes-per-token, not both")
 
 
 def _quiet_after_broken_pipe() -> int:
@@ -244,8 +237,9 @@ def _time_model(args: argparse.Namespace) -> TimeModel:
         tm = replace(tm, decode_step_s=args.decode_ms * 1e-3)
     if args.link_gbps is not None:
         tm = replace(tm, transfer_bytes_per_s=args.link_gbps * 1e9)
-    if args.kv_bytes_per_token is not None:
-        tm = replace(tm, kv_bytes_per_token=args.kv_bytes_per_token)
+    kv_bytes = kv_bytes_per_token(args)
+    if kv_bytes is not None:
+        tm = replace(tm, kv_bytes_per_token=kv_bytes)
     return tm
 
 
@@ -323,15 +317,6 @@ def _auto_scale(workload: Workload, tm: TimeModel, target: float) -> float:
     return max(1.0, work / span / target) if span > 0 else 1.0
 
 
-def _capacities(args: argparse.Namespace, workload: Workload, chunk: int) -> list[int]:
-    if args.capacity_chunks:
-        return sorted(set(args.capacity_chunks))
-    if args.capacity_tokens:
-        return sorted({max(1, t // chunk) for t in args.capacity_tokens})
-    distinct = len({h for reqs in workload.chunk_sequence(chunk) for h in reqs})
-    return sorted({max(1, int(distinct * f)) for f in (0.02, 0.05, 0.1, 0.2, 0.4)})
-
-
 def _policies(args: argparse.Namespace) -> list[str]:
     chosen = args.policy or ["lru"]
     if "all" in chosen:
@@ -355,7 +340,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     chunk = args.chunk_tokens or (
         MOONCAKE_BLOCK_TOKENS if block_format else 16 * workload.hash_block_tokens
     )
-    capacities = _capacities(args, workload, chunk)
+    host_capacities = capacities(args, workload, chunk, tm)
     prompt_only = {"on": [True], "off": [False], "both": [True, False]}[
         args.offload_prompt_only
     ]
@@ -372,7 +357,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
                 **tier_settings(args),
             ),
         )
-        for capacity in capacities
+        for capacity in host_capacities
         for policy in _policies(args)
         for threshold in args.store_threshold
         for po in prompt_only
@@ -380,7 +365,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
     runs[0].settings.validate(workload)
     with progress_for(args.progress, len(runs) * len(workload), len(runs)) as shown:
         results = run_sweep(workload, runs, args.jobs, shown)
-    bel, inf = offline_bounds(workload, chunk, capacities, args.belady)
+    bel, inf = offline_bounds(workload, chunk, host_capacities, args.belady)
     records = [r.as_json() for r in results]
     records += [
         report.offline_json("belady", workload.name, c, b)

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvoffload.config.sizes import format_size, parse_size
 from kvoffload.policies import get_policy_class
 from kvoffload.replay.limits import MAX_TIME_SCALE, MIN_TIME_SCALE
 from kvoffload.replay.routers import ROUTERS
@@ -57,6 +58,33 @@ def float_in(
             ) from None
         below = value <= minimum if open_minimum else value < minimum
         if not math.isfinite(value) or below or value > maximum:
+            raise argparse.ArgumentTypeError(f"{_clip(text)} is not {allowed}")
+        return value
+
+    return parse
+
+
+def size_in(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: bytes written with a unit (`16GiB`, `512MB`, `4096B`) in
+    [minimum, maximum]. A bare number is refused: next to options that count
+    chunks and tokens, it is more likely one of those than bytes."""
+    allowed = (
+        "a size with a unit such as 16GiB or 512MB (B, kB, MB, GB, TB, KiB, MiB, "
+        f"GiB, TiB), from {format_size(minimum)} to {format_size(maximum)}"
+    )
+
+    def parse(text: str) -> int:
+        if text.strip().replace(".", "", 1).isdigit():
+            raise argparse.ArgumentTypeError(
+                f"{_clip(text)} has no unit; expected {allowed}"
+            )
+        try:
+            value = parse_size(text, "size")
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{_clip(text)} is not {allowed}"
+            ) from None
+        if not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(f"{_clip(text)} is not {allowed}")
         return value
 

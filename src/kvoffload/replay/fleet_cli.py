@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from rich.console import Console
 
 from kvoffload.replay import report
+from kvoffload.replay.capacity import capacities
 from kvoffload.replay.cli import (
     DEFAULT_TARGET_LOAD,
     _auto_scale,
-    _capacities,
     _load,
     _policies,
     _size,
@@ -114,7 +114,7 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
             ),
             FleetSettings(engines, router, args.shared_tier),
         )
-        for capacity in _capacities(args, workload, chunk)
+        for capacity in capacities(args, workload, chunk, tm)
         for policy in _policies(args)
         for router in args.router or ["round-robin"]
         for threshold in args.store_threshold
