@@ -14,7 +14,9 @@ from kvoffload.integrations.vllm.check import (
     run_check_config,
 )
 from kvoffload.policies import policy_names
+from kvoffload.replay.cli import __doc__ as replay_doc
 from kvoffload.replay.cli import add_replay_arguments, run_cli
+from kvoffload.replay.cli_types import HelpFormatter
 
 # The reference table's capacities (512-token chunks) for the bundled trace.
 TRACE_CAPACITIES = [1000, 2000, 5859, 10000, 20000, 50000]
@@ -42,17 +44,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     replay = sub.add_parser(
-        "replay", help="replay a trace through the cache and report hit ratios"
+        "replay",
+        help="replay a trace through the cache and report hit ratios",
+        description=replay_doc,
+        formatter_class=HelpFormatter,
     )
     add_replay_arguments(replay)
     demo = sub.add_parser(
         "demo",
         help="replay a generated chat+agent workload (or --trace) for LRU, ARC and the best policy",
+        description="Replay a generated chat+agent workload (or --trace) for LRU, "
+        "ARC and the best policy next to the offline optimum, as `kvoffload replay` "
+        "would, and write the report.",
+        formatter_class=HelpFormatter,
     )
     demo.add_argument(
-        "--trace", help="a Mooncake-format trace instead of the generated workload"
+        "--trace",
+        help="a Mooncake-format trace instead of the generated workload (at "
+        f"capacities of {', '.join(f'{c:,}' for c in TRACE_CAPACITIES)} chunks; "
+        "default: none)",
     )
-    demo.add_argument("--report-dir", type=Path, default=Path("reports"))
+    demo.add_argument(
+        "--report-dir",
+        type=Path,
+        default=Path("reports"),
+        help="write results.jsonl, table.txt and hit_ratio.png here",
+    )
     check = sub.add_parser(
         "check-config",
         help="check kvoffload's vLLM configuration offline: print it resolved, "

@@ -28,6 +28,7 @@ from kvoffload.replay.capacity import (
 )
 from kvoffload.replay.cli_types import (
     AtLeastOne,
+    HelpFormatter,
     float_in,
     int_in,
     policy_name,
@@ -57,6 +58,7 @@ from kvoffload.replay.workload import Workload
 
 WORKLOADS = ("chat-agents", "reasoning", *SYNTHETIC_WORKLOADS)
 DEFAULT_TARGET_LOAD = 0.5
+_TM = TimeModel()  # the time model's defaults, for --help
 # What a shell reports for a command killed by SIGPIPE (128 + 13).
 BROKEN_PIPE_STATUS = 141
 
@@ -64,18 +66,21 @@ BROKEN_PIPE_STATUS = 141
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
     parser.add_argument(
-        "--workload", choices=WORKLOADS, help="replay a generated workload instead"
+        "--workload",
+        choices=WORKLOADS,
+        help="replay a generated workload instead (default: chat-agents, "
+        "without a trace)",
     )
     parser.add_argument(
         "--seed",
         type=int_in(0, limits.MAX_SEED),
-        help="seed of the generated workload",
+        help="seed of the generated workload (default: the workload's own)",
     )
     parser.add_argument(
         "--policy",
         action="append",
         type=policy_name,
-        help="eviction policy (repeat; 'all' = every registered one)",
+        help="eviction policy (repeat; 'all' = every registered one; default: lru)",
     )
     parser.add_argument(
         "--list-policies", action="store_true", help="print the policy names and exit"
@@ -84,13 +89,14 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-tokens",
         type=int_in(1, limits.MAX_CHUNK_TOKENS),
-        help="tokens per chunk (512 for Mooncake traces and synth-* workloads)",
+        help="tokens per chunk (default: 512 for Mooncake traces and synth-* "
+        "workloads, 16 hash blocks for the others)",
     )
     parser.add_argument(
         "--device-tokens",
         type=int_in(0, limits.MAX_DEVICE_TOKENS),
         default=0,
-        help="device prefix cache size in tokens (0 = none)",
+        help="device prefix cache size in tokens, 0 for none",
     )
     parser.add_argument(
         "--store-threshold",
@@ -98,10 +104,14 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         action=AtLeastOne,
         default=[0],
-        help="reuse-filter threshold(s)",
+        help="reuse-filter threshold(s): store a chunk once it was asked for this "
+        "many times; 0 and 1 store every chunk (default: 0)",
     )
     parser.add_argument(
-        "--offload-prompt-only", choices=("on", "off", "both"), default="on"
+        "--offload-prompt-only",
+        choices=("on", "off", "both"),
+        default="on",
+        help="store only prompt chunks, not decoded ones; both replays each way",
     )
     parser.add_argument(
         "--belady",
@@ -117,15 +127,17 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=Path,
         help="write a PNG of hit ratio against capacity: a .png file, or a "
-        "directory to write hit_ratio.png in",
+        "directory to write hit_ratio.png in (default: no plot)",
     )
     parser.add_argument(
         "--report-dir",
         type=Path,
-        help="write results.jsonl, table.txt and hit_ratio.png here",
+        help="write results.jsonl, table.txt and hit_ratio.png here (default: none)",
     )
     parser.add_argument(
-        "--limit", type=int_in(1, sys.maxsize), help="replay only the first N requests"
+        "--limit",
+        type=int_in(1, sys.maxsize),
+        help="replay only the first N requests (default: all)",
     )
     parser.add_argument(
         "--partial-block",
@@ -143,27 +155,31 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target-load",
         type=float_in(0, limits.MAX_TARGET_LOAD, open_minimum=True),
-        help=f"with --time-scale auto (default {DEFAULT_TARGET_LOAD})",
+        help="with --time-scale auto: the modeled engine's load, as a share of "
+        f"its prefill capacity (default: {DEFAULT_TARGET_LOAD})",
     )
     parser.add_argument(
         "--prefill-us-per-token",
         type=float_in(0, limits.MAX_PREFILL_US_PER_TOKEN),
-        help="engine prefill time per token (µs)",
+        help="engine prefill time per token (µs; default: "
+        f"{_TM.prefill_s_per_token * 1e6:g})",
     )
     parser.add_argument(
         "--decode-ms",
         type=float_in(0, limits.MAX_DECODE_MS),
-        help="engine decode step time (ms)",
+        help=f"engine decode step time (ms; default: {_TM.decode_step_s * 1e3:g})",
     )
     parser.add_argument(
         "--link-gbps",
         type=float_in(limits.MIN_LINK_GBPS, limits.MAX_LINK_GBPS),
-        help="device<->host bandwidth (GB/s)",
+        help="device<->host bandwidth (GB/s; default: "
+        f"{_TM.transfer_bytes_per_s / 1e9:g})",
     )
     parser.add_argument(
         "--kv-bytes-per-token",
         type=int_in(1, limits.MAX_KV_BYTES_PER_TOKEN),
-        help="KV bytes per token (all layers)",
+        help="KV bytes per token, all layers' keys and values (default: "
+        f"{_TM.kv_bytes_per_token:,}, an 8B model in bf16, or --model's)",
     )
     parser.add_argument(
         "--jobs",
@@ -418,7 +434,9 @@ def write_report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvoffload replay", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvoffload replay", description=__doc__, formatter_class=HelpFormatter
+    )
     add_replay_arguments(parser)
     args = parser.parse_args(argv)
     return run_cli(parser, args)

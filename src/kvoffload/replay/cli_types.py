@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +103,23 @@ def time_scale(text: str) -> str | float:
         return _time_scale(text)
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(f"{exc}, or 'auto'") from None
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, with each option's default after its help where the help does
+    not already say what it is (defaults of None are written out by hand: what
+    happens when the option is not given), and lines not broken at hyphens."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unset = any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        if "default" in text or not action.option_strings or unset:
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Whole option names: argparse broke `--kv-bytes-per-token` at a hyphen.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class AtLeastOne(argparse.Action):

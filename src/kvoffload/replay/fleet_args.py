@@ -19,36 +19,43 @@ def add_tier_and_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KIND:CAPACITY[:GBPS]",
         help="a secondary tier behind host memory, on each engine (repeat, in "
         "order): file or redis; CAPACITY in chunks, or a size such as 200GiB; "
-        "GBPS its bandwidth (default: file 5, redis 2.5)",
+        "GBPS its bandwidth, if not given file 5, redis 2.5 (default: none)",
     )
     parser.add_argument(
         "--engines",
         type=int_in(1, MAX_ENGINES),
-        help="replay over a fleet of N engines behind --router",
+        metavar="N",
+        help="replay over a fleet of N engines behind --router (default: one "
+        "engine, unless --router or --shared-tier is given)",
     )
     parser.add_argument(
         "--router",
         action="append",
         type=router_name,
-        help=f"how a fleet routes requests (repeat to compare): {', '.join(ROUTERS)}",
+        metavar="NAME",
+        help="how a fleet routes requests (repeat to compare): "
+        f"{', '.join(ROUTERS)} (default: round-robin)",
     )
     parser.add_argument(
         "--shared-tier",
         type=tier_spec,
         metavar="KIND:CAPACITY[:GBPS]",
-        help="one tier every engine of the fleet reads and writes (behind its own)",
+        help="one tier every engine of the fleet reads and writes, behind its "
+        "own (default: none)",
     )
     parser.add_argument(
         "--max-defer-s",
         type=float_in(0.0, MAX_DEFER_S),
-        help="longest a request waits for chunks in flight (the connector's "
-        "max_defer_s, default 1)",
+        metavar="SECONDS",
+        help="longest a request waits for chunks in flight, the connector's "
+        "max_defer_s (default: 1)",
     )
     parser.add_argument(
         "--requests",
         type=int_in(1, MAX_GENERATED_REQUESTS),
-        help="synth-* workloads: requests to generate (before their steady-state "
-        "window keeps about 80%%)",
+        metavar="N",
+        help="synth-* workloads: requests to generate, before their steady-state "
+        "window keeps about 80%% (default: each workload's own)",
     )
 
 
