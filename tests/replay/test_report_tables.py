@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -130,6 +131,15 @@ def test_a_wide_table_is_split_into_parts_that_fit_each_naming_its_rows(
         assert text.count(f"run {r} ") == len(parts)
         for i in range(12):
             assert len(re.findall(rf"(?<![\d,]){figure(r, i):,}(?![\d,])", text)) == 1
+
+
+@pytest.mark.parametrize("width", range(40, 150, 7))
+def test_a_split_takes_as_few_parts_as_fit_and_evens_them_out(width: int) -> None:
+    """Greedy filling left a last part of one column beside eleven (at 138)."""
+    per_part = (width - len("run 0  tier 0")) // len("  1,000,000")
+    sizes = [len(part) - 2 for part in TABLE.column_parts(width)]
+    assert len(sizes) == math.ceil(12 / per_part)
+    assert max(sizes) - min(sizes) <= 1
 
 
 def test_a_table_that_fits_is_one_part() -> None:

@@ -58,31 +58,45 @@ class ReportTable:
         return sum(widths) + GAP * (len(widths) - 1)
 
     def column_parts(self, width: int) -> list[list[int]]:
-        """Indices of the columns of each part: the key columns, then as many of
-        the others, in order, as fit in `width` (at least one a part)."""
+        """Indices of the columns of each part: the key columns, then the others
+        in order, in as few parts as fit in `width` (at least one column a part),
+        as even in width as they can be (not a last part of one column)."""
         widths = self.widths()
+        parts = self._pack(widths, width)
+        if len(parts) > 1:
+            # The narrowest limit that still needs no more parts.
+            others = range(self.keys, len(widths))
+            low = min(width, max(self._part_width(widths, [i]) for i in others))
+            high = width
+            while low < high:
+                middle = (low + high) // 2
+                if len(self._pack(widths, middle)) <= len(parts):
+                    high = middle
+                else:
+                    low = middle + 1
+            parts = self._pack(widths, high)
         keys = list(range(self.keys))
-        key_width = sum(widths[: self.keys]) + GAP * (self.keys - 1)
-        parts: list[list[int]] = []
-        part: list[int] = []
-        used = key_width
+        return [keys + part for part in parts]
+
+    def _part_width(self, widths: Sequence[int], columns: Sequence[int]) -> int:
+        """Columns a part of the key columns and `columns` takes."""
+        keys = sum(widths[: self.keys]) + GAP * (self.keys - 1)
+        return keys + sum(GAP + widths[i] for i in columns)
+
+    def _pack(self, widths: Sequence[int], width: int) -> list[list[int]]:
+        """The non-key columns in order, as many a part as fit in `width`."""
+        parts: list[list[int]] = [[]]
         for i in range(self.keys, len(widths)):
-            if part and used + GAP + widths[i] > width:
-                parts.append(keys + part)
-                part, used = [], key_width
-            part.append(i)
-            used += GAP + widths[i]
-        parts.append(keys + part)
+            if parts[-1] and self._part_width(widths, [*parts[-1], i]) > width:
+                parts.append([])
+            parts[-1].append(i)
         return parts
 
     def render(self, width: int) -> list[RenderableType]:
         """The title and the table, in as many parts as `width` needs."""
         out: list[RenderableType] = []
         for n, columns in enumerate(self.column_parts(width)):
-            title = (
-                self.title if n == 0 else f"{self.title.splitlines()[0]} (continued)"
-            )
-            out.append(Text(title))
+            out.append(Text(self.title if n == 0 else "(continued)"))
             out.append(self._table(columns))
         return out
 
