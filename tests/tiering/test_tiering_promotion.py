@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from kvoffload import LookupResult, OffloadPolicy, PrefixLookup, ReqContext
+from kvoffload import (
+    CPUOffloadingManager,
+    LookupResult,
+    OffloadPolicy,
+    PrefixLookup,
+    ReqContext,
+)
+from kvoffload.tiering import TieringConfig, TieringManager
 from kvoffload.tiers.secondary import ArrayChunkBuffer
 from tests.tiering.tiering_support import (
     SLOT,
@@ -42,7 +49,7 @@ def test_secondary_hit_is_promoted_and_pending_until_it_lands() -> None:
     assert [kind for kind, _ in tier.calls if kind == "load"] == ["load"]
 
 
-def test_prefix_lookup_promotes_a_whole_prefix_in_one_job() -> None:
+def test_prefix_lookup_promotes_a_short_prefix_in_one_job() -> None:
     """Scenario: chunk 1 in the primary tier, chunks 2-3 in the secondary tier,
     chunk 4 nowhere: the prefix is present up to 3, promoted in one load job."""
     buf = ArrayChunkBuffer(8, SLOT)
@@ -55,6 +62,45 @@ def test_prefix_lookup_promotes_a_whole_prefix_in_one_job() -> None:
     engine.step()
     assert m.lookup_prefix(keys(1, 2, 3, 4), R1) == PrefixLookup(3, 3)
     engine.load(keys(1, 2, 3), R1)
+
+
+def test_a_long_prefix_is_promoted_head_first_in_growing_jobs() -> None:
+    """Scenario: 20 chunks of a prefix are only on disk. The promotion goes out
+    as jobs of 4, 8 and 8 chunks in prefix order; once the first has landed the
+    head reads HIT while the tail is still pending, so a request whose deferral
+    ends then loads its head instead of nothing."""
+    buf = ArrayChunkBuffer(32, SLOT)
+    ids = list(range(1, 21))
+    tier = seeded_tier(buf, ids, auto=False)
+    m, engine = make_manager([tier], buffer=buf, num_chunks=32)
+    m.on_new_request(R1)
+    assert m.lookup_prefix(keys(*ids), R1) == PrefixLookup(0, 20)
+    engine.step()
+    jobs = [ks for kind, ks in tier.calls if kind == "load"]
+    assert jobs == [
+        tuple(keys(*ids[:4])),
+        tuple(keys(*ids[4:12])),
+        tuple(keys(*ids[12:])),
+    ]
+    tier.release(1)
+    engine.step()
+    assert m.lookup_prefix(keys(*ids), R1) == PrefixLookup(4, 20)
+    engine.load(keys(*ids[:4]), R1)
+    tier.release()
+    engine.step()
+    assert m.lookup_prefix(keys(*ids), R1) == PrefixLookup(20, 20)
+
+
+def test_a_promotion_in_one_job_when_batches_are_off() -> None:
+    buf = ArrayChunkBuffer(32, SLOT)
+    ids = list(range(1, 21))
+    tier = seeded_tier(buf, ids)
+    primary = CPUOffloadingManager(32)
+    m = TieringManager(primary, [tier], TieringConfig(promotion_first_batch=0))
+    m.on_new_request(R1)
+    m.lookup_prefix(keys(*ids), R1)
+    m.on_schedule_end()
+    assert [ks for kind, ks in tier.calls if kind == "load"] == [tuple(keys(*ids))]
 
 
 def test_failed_promotion_frees_its_slot_and_misses_without_retrying() -> None:

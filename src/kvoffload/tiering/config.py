@@ -18,10 +18,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TieringConfig:
-    """How long a failed promotion makes its key miss, and how many are remembered."""
+    """How long a failed promotion makes its key miss, and how many are remembered;
+    how a request's promotion from one tier is cut into jobs."""
 
     promotion_failure_ttl_s: float = 30.0
     max_remembered_failures: int = 65_536
+    promotion_first_batch: int = 4
+    """Chunks in a promotion's first job; each later job of the same promotion
+    is twice the one before, up to `promotion_max_batch`. The head of a prefix
+    lands first, so a request whose deferral ends before the whole prefix has
+    landed still loads its head (0: one job for the whole promotion)."""
+    promotion_max_batch: int = 64
 
     def __post_init__(self) -> None:
         ttl = self.promotion_failure_ttl_s
@@ -36,6 +43,17 @@ class TieringConfig:
             raise ValueError(
                 f"max_remembered_failures: {shown(n)} must be an int >= 1 "
                 "(up to 2**63 - 1)"
+            )
+        first, most = self.promotion_first_batch, self.promotion_max_batch
+        if not is_count(first, 0) or first > 1 << 20:
+            raise ValueError(
+                f"promotion_first_batch: {shown(first)} must be an int from 0 "
+                "(one job per promotion) to 1,048,576 chunks"
+            )
+        if not is_count(most, 1) or most > 1 << 20 or (first and most < first):
+            raise ValueError(
+                f"promotion_max_batch: {shown(most)} must be an int from "
+                f"promotion_first_batch ({shown(first)}) to 1,048,576 chunks"
             )
 
     @classmethod

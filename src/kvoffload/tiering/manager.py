@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiering.config import TieringConfig
-from kvoffload.tiering.promotions import PromotionTracker
+from kvoffload.tiering.promotions import PromotionTracker, promotion_batches
 from kvoffload.tiering.requests import RequestState, RequestTracker
 from kvoffload.tiers.base import (
     LookupResult,
@@ -342,9 +342,23 @@ class TieringManager(OffloadingManager):
         return True
 
     def _submit_promotions(self) -> None:
+        """One request's promotion from one tier goes out head first, in jobs
+        of growing size (`TieringConfig.promotion_first_batch`): a tier works
+        through its queue in order, so the head of the prefix lands first."""
         for load in self._promotions.take_pending():
-            job = self._new_job(load.tier, True, load.keys, load.slots, load.ctx)
-            self.tiers[load.tier].submit_load(job)
+            for start, end in promotion_batches(
+                len(load.keys),
+                self.config.promotion_first_batch,
+                self.config.promotion_max_batch,
+            ):
+                job = self._new_job(
+                    load.tier,
+                    True,
+                    load.keys[start:end],
+                    load.slots[start:end],
+                    load.ctx,
+                )
+                self.tiers[load.tier].submit_load(job)
 
     # -- loads and stores --------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Promotions: chunks on their way from a secondary tier into the primary tier.
 
 Lookups allocate a primary slot per promoted chunk at once (so that the chunk reads
-`HIT_PENDING` from then on) and batch the loads: one job per tier and request,
-submitted at the end of a prefix lookup or of the step. A failed promotion is
+`HIT_PENDING` from then on) and batch the loads per tier and request, submitted at
+the end of a prefix lookup or of the step in jobs of growing size, head first
+(`promotion_batches`). A failed promotion is
 remembered for a bounded time, so the next lookups of that key miss instead of
 promoting, failing and retrying forever.
 """
@@ -24,6 +25,20 @@ class PendingLoad:
     ctx: ReqContext
     keys: list[OffloadKey] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
+
+
+def promotion_batches(count: int, first: int, most: int) -> list[tuple[int, int]]:
+    """`[start, end)` ranges cutting `count` chunks into jobs of `first`, then
+    twice as many each time up to `most` chunks; one range when `first` is 0."""
+    if first <= 0:
+        return [(0, count)] if count else []
+    out: list[tuple[int, int]] = []
+    start, size = 0, first
+    while start < count:
+        end = min(count, start + size)
+        out.append((start, end))
+        start, size = end, min(size * 2, most)
+    return out
 
 
 class PromotionTracker:
