@@ -13,11 +13,7 @@ request's tokens (vLLM's streaming-input sessions) calls `on_request_rewritten`
 before scheduling it again. Job results come back through `on_job_results` in
 any step.
 
-Engine blocks are fenced, not held: a finished or preempted request's blocks go
-back to the engine at once, and when the engine hands a block that a store job is
-still reading to another request (in any group), the step plan's `wait_for`
-names that job, so the worker finishes it before anything writes the block. A
-block the engine allocates afresh also voids every entry naming it in the
+Engine blocks are fenced, not held (`fences`). A block the engine allocates afresh also voids every entry naming it in the
 chunks of live requests that may still be stored (vLLM frees a running request's
 blocks that leave a sliding window): those chunks are skipped, never stored from
 someone else's KV (`reuse_guard`).
@@ -43,14 +39,15 @@ from kvoffload.connector.base import (
     StepPlan,
 )
 from kvoffload.connector.config import ConnectorConfig
+from kvoffload.connector.fences import StoreFences
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
+from kvoffload.connector.observe import observe_load, observe_store
 from kvoffload.connector.releases import ReleaseWatch
-from kvoffload.connector.request_state import GroupState, RequestState
+from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.transfers import (
     chunks_to_store,
-    load_span,
     load_tokens,
     plan_load,
     store_transfers,
@@ -95,13 +92,10 @@ class OffloadConnector:
         self._jobs = JobTracker(config.world_size)
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[TransferJob] = []
-        self._wait_for: set[int] = set()
+        self._fences = StoreFences()
         # Loads handed out before a reset: the workers must report them failed.
         self._stale_loads: set[int] = set()
         self._request_of: dict[int, str] = {}
-        # Engine block -> store jobs in flight that read it (in any group: vLLM's
-        # groups share one block pool over the same bytes).
-        self._readers: dict[int, set[int]] = {}
         self._guard = ReuseGuard(config.groups, config.null_block_id)
         self._releases = ReleaseWatch(config.groups, config.null_block_id)
         self._finished_loading: list[str] = []
@@ -153,7 +147,7 @@ class OffloadConnector:
         self._guard.release(state)
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
-        self._fence(block_ids)
+        self._fences.fence(block_ids)
         self._guard.note_allocated(block_ids, num_computed_tokens)
         self._releases.note_allocated(block_ids, num_computed_tokens)
         self._guard.on_new_table(state)
@@ -189,7 +183,7 @@ class OffloadConnector:
             # the request's own stores must not evict it (stop 17).
             self.manager.touch(keys, state.ctx)
         if self._observer is not None:
-            self._observe_load(state, num_computed_tokens, hit)
+            observe_load(self._observer, state, num_computed_tokens, hit)
         self._add_load(state, keys, transfers)
         if first_schedule:
             state.load_hit_tokens = hit
@@ -281,17 +275,6 @@ class OffloadConnector:
         self.manager.on_request_finished(state.ctx)
         del self._requests[state.req_id]
 
-    def _fence(self, tables: Sequence[Sequence[int]]) -> None:
-        """Blocks (re)allocated to a request wait for the stores still reading them."""
-        readers = self._readers
-        if not readers:
-            return
-        for ids in tables:
-            for block in ids:
-                jobs = readers.get(block)
-                if jobs:
-                    self._wait_for.update(jobs)
-
     # -- per step ----------------------------------------------------------------
 
     def build_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
@@ -311,7 +294,7 @@ class OffloadConnector:
             if state is None or state.finished:
                 continue
             self._apply_block_ids(state, item)
-            self._fence(item.new_block_ids)
+            self._fences.fence(item.new_block_ids)
             computed = item.num_computed_tokens + item.num_scheduled_tokens
             job = self._plan_store(state, computed)
             if job is not None:
@@ -329,7 +312,7 @@ class OffloadConnector:
         plan = StepPlan(
             loads=tuple(self._pending_loads),
             stores=tuple(stores),
-            wait_for=tuple(sorted(self._wait_for)),
+            wait_for=self._fences.take_wait_for(),
             request_of={
                 job.job_id: self._request_of[job.job_id]
                 for job in (*self._pending_loads, *stores)
@@ -337,7 +320,6 @@ class OffloadConnector:
             stale_loads=tuple(sorted(self._stale_loads)),
         )
         self._pending_loads.clear()
-        self._wait_for.clear()
         self._stale_loads.clear()
         return plan
 
@@ -396,7 +378,7 @@ class OffloadConnector:
             # touch follows in this very step).
             self.manager.touch(prepared.keys_to_store, state.ctx)
         if self._observer is not None:
-            self._observe_store(state.req_id, chunks, prepared.keys_to_store)
+            observe_store(self._observer, state.req_id, chunks, prepared.keys_to_store)
         record = self._jobs.new(
             state.req_id, TransferDirection.STORE, prepared.keys_to_store
         )
@@ -404,37 +386,9 @@ class OffloadConnector:
         state.jobs_in_flight += 1
         self._request_of[record.job_id] = state.req_id
         transfers = store_transfers(chunks, prepared)
-        for transfer in transfers:
-            for block in transfer.engine_blocks:
-                self._readers.setdefault(block, set()).add(record.job_id)
+        self._fences.add(record.job_id, transfers)
         record.transfers = transfers
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
-
-    def _observe_load(self, state: RequestState, start: int, end: int) -> None:
-        """The chunks covering tokens [start, end) of every group are loaded."""
-        assert self._observer is not None
-        for group in state.groups:
-            chunks = load_span(group, start, end)
-            span = range(chunks.start, min(chunks.stop, len(group.keys)))
-            if span:
-                self._observer(
-                    state.req_id, group.index, [(c, group.keys[c]) for c in span]
-                )
-
-    def _observe_store(
-        self,
-        req_id: str,
-        chunks: list[tuple[GroupState, int]],
-        stored: Sequence[OffloadKey],
-    ) -> None:
-        assert self._observer is not None
-        new = set(stored)
-        by_group: dict[int, list[tuple[int, OffloadKey]]] = {}
-        for group, c in chunks:
-            if group.keys[c] in new:
-                by_group.setdefault(group.index, []).append((c, group.keys[c]))
-        for index, pairs in by_group.items():
-            self._observer(req_id, index, pairs)
 
     def _touch_prefix(self, state: RequestState) -> None:
         """Recency for the chunks the request hit or offered, once, head last.
@@ -568,16 +522,7 @@ class OffloadConnector:
             stats.failed_store_jobs += 1
         if state is not None:
             state.store_jobs.discard(record.job_id)
-        self._unfence(record)
-
-    def _unfence(self, record: JobRecord) -> None:
-        for transfer in record.transfers:
-            for block in transfer.engine_blocks:
-                jobs = self._readers.get(block)
-                if jobs is not None:
-                    jobs.discard(record.job_id)
-                    if not jobs:
-                        del self._readers[block]
+        self._fences.remove(record.job_id, record.transfers)
 
     def take_load_results(self) -> tuple[list[str], list[str]]:
         """Requests whose load finished since the last call: (succeeded, failed).
@@ -608,7 +553,7 @@ class OffloadConnector:
         the reset is for. Loads not handed out yet copy nothing.
         """
         ended = self._jobs.start_new_epoch()
-        self._wait_for.update(record.job_id for record in ended)
+        self._fences.wait_for(record.job_id for record in ended)
         pending = {job.job_id for job in self._pending_loads}
         self._stale_loads.update(
             record.job_id
