@@ -22,7 +22,7 @@ from kvoffload.replay.tier_models import ModeledTier, TierBackend
 from kvoffload.replay.tier_specs import TierSpec
 from kvoffload.tiers.base import LookupResult, ReqContext
 from kvoffload.tiers.secondary.base import Clock, TierJob, TierJobResult
-from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 
 _DEFAULTS = RedisTierConfig(url="redis://localhost")
 MAX_KNOWN_KEYS = 200_000

@@ -25,7 +25,7 @@ from kvoffload.config.sources import CONFIG_FILE_ENV, CONFIG_FILE_KEY, read_conf
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 from kvoffload.integrations.vllm.describe import describe, probe_redis_tier
 from kvoffload.tiers.secondary import parse_tier_config
-from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_url import redact_url
 
 CONNECTOR = "KVOffloadConnector"

@@ -15,11 +15,8 @@ from collections.abc import Callable
 from kvoffload.config.sizes import format_size
 from kvoffload.integrations.vllm.config import KVOffloadSettings
 from kvoffload.tiers.secondary import parse_tier_config
-from kvoffload.tiers.secondary.config import (
-    FileTierConfig,
-    MemoryTierConfig,
-    RedisTierConfig,
-)
+from kvoffload.tiers.secondary.config import FileTierConfig, MemoryTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_url import redact_text, redact_url
 
 logger = logging.getLogger(__name__)

@@ -10,11 +10,7 @@ from kvoffload.tiers.secondary.base import (
 )
 from kvoffload.tiers.secondary.buffer import ArrayChunkBuffer, RankedChunkBuffer
 from kvoffload.tiers.secondary.codec import CorruptChunkError, make_fingerprint
-from kvoffload.tiers.secondary.config import (
-    FileTierConfig,
-    MemoryTierConfig,
-    RedisTierConfig,
-)
+from kvoffload.tiers.secondary.config import FileTierConfig, MemoryTierConfig
 from kvoffload.tiers.secondary.factory import (
     TIER_TYPES,
     create_secondary_tier,
@@ -23,6 +19,7 @@ from kvoffload.tiers.secondary.factory import (
 )
 from kvoffload.tiers.secondary.file_tier import FileTier
 from kvoffload.tiers.secondary.memory import MemoryTier
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 
 __all__ = [
     "TIER_TYPES",

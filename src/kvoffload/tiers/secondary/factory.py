@@ -8,11 +8,8 @@ from typing import Any
 
 from kvoffload.config import shown
 from kvoffload.tiers.secondary.base import Clock, SecondaryTier
-from kvoffload.tiers.secondary.config import (
-    FileTierConfig,
-    MemoryTierConfig,
-    RedisTierConfig,
-)
+from kvoffload.tiers.secondary.config import FileTierConfig, MemoryTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_url import shown_value
 from kvoffload.worker import ChunkBuffer
 

@@ -38,7 +38,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kvoffload.tiers.secondary.base import Clock
-from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_sentinel import is_sentinel_url, parse_sentinel_url
 from kvoffload.tiers.secondary.redis_url import redact_text, redact_url
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 
-from kvoffload.tiers.secondary.config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_link import REDIS_ERRORS, RedisLink
 
 PROBE_TIMEOUT_S = 2.0

@@ -72,13 +72,13 @@ from kvoffload.tiers.secondary.codec import (
     payload_checksum,
     validate_fingerprint,
 )
-from kvoffload.tiers.secondary.config import RedisTierConfig
 from kvoffload.tiers.secondary.executor import (
     BatchOutcome,
     ExecutorResult,
     JobExecutor,
     Task,
 )
+from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 from kvoffload.tiers.secondary.redis_link import REDIS_ERRORS, RedisLink
 from kvoffload.tiers.secondary.redis_namespace import delete_namespace
 from kvoffload.worker import ChunkBuffer
