@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import fields
+from typing import cast
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_policy
@@ -24,7 +26,12 @@ from kvoffload.tiers.base import LookupResult, ReqContext
 from kvoffload.tiers.secondary.base import Clock, TierJob, TierJobResult
 from kvoffload.tiers.secondary.redis_config import RedisTierConfig
 
-_DEFAULTS = RedisTierConfig(url="redis://localhost")
+_DEFAULTS = {f.name: f.default for f in fields(RedisTierConfig)}
+"""The Redis tier's defaults, read from the class: building a config would ask
+for redis-py, which the planner does not need."""
+MAX_INFLIGHT_CHUNKS = int(cast(int, _DEFAULTS["max_inflight_chunks"]))
+HIT_CACHE_S = float(cast(float, _DEFAULTS["hit_cache_s"]))
+MISS_CACHE_S = float(cast(float, _DEFAULTS["miss_cache_s"]))
 MAX_KNOWN_KEYS = 200_000
 """Answers a tier remembers (as `RedisTier` does), the oldest forgotten first."""
 
@@ -74,9 +81,7 @@ class ModeledRedisTier(ModeledTier):
         clock: Clock,
         record_events: bool = False,
     ) -> None:
-        super().__init__(
-            name, server, clock, _DEFAULTS.max_inflight_chunks, record_events
-        )
+        super().__init__(name, server, clock, MAX_INFLIGHT_CHUNKS, record_events)
         self._server = server
         self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._to_ask: dict[OffloadKey, None] = {}
@@ -124,7 +129,7 @@ class ModeledRedisTier(ModeledTier):
         self._finish_at(end, answer)
 
     def _remember(self, key: OffloadKey, present: bool, now: float) -> None:
-        trusted = _DEFAULTS.hit_cache_s if present else _DEFAULTS.miss_cache_s
+        trusted = HIT_CACHE_S if present else MISS_CACHE_S
         self._known[key] = (present, now + trusted)
         self._known.move_to_end(key)
         while len(self._known) > MAX_KNOWN_KEYS:
