@@ -62,6 +62,10 @@ PARAMS = st.fixed_dictionaries(
             | JSONISH
             for name in SELECTORS
         },
+        "kv_retention_s": st.floats(-10, 1e6)
+        | st.integers(-3, 10**6)
+        | st.sampled_from([0, 0.0, -0.0, 10**400, float("inf"), float("nan")])
+        | JSONISH,
         "do_remote_prefill": st.booleans(),  # another connector's: not ours
     },
 ).flatmap(

@@ -143,3 +143,39 @@ def test_each_bad_tier_parameter_warns_once(caplog: pytest.LogCaptureFixture) ->
     assert "kv_load_tiers" in warnings[0] and "kv_store_tiers" in warnings[1]
     assert params.load_tiers.allows("shared", "cpu", "remote")
     assert not params.store_tiers.allows("shared", "cpu", "remote")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected", "warns"),
+    [
+        (None, None, False),
+        (0, 0.0, False),
+        (0.0, 0.0, False),
+        (300, 300.0, False),
+        (2.5, 2.5, False),
+        ("300", None, True),
+        (-1, None, True),
+        (-0.5, None, True),
+        (float("nan"), None, True),
+        (float("inf"), None, True),
+        (10**400, None, True),  # no float holds it
+        (True, None, True),
+        ([300], None, True),
+        ({"s": 300}, None, True),
+    ],
+)
+def test_retention_hint_accepts_only_finite_seconds_at_least_zero(
+    raw: object,
+    expected: float | None,
+    warns: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario: a client sends `kv_retention_s`; a bad value is one warning
+    naming the request and the parameter, and the request has no hint."""
+    with caplog.at_level(logging.WARNING):
+        params = RequestParams.parse("req-9", {"kv_retention_s": raw})
+    assert params.retention_s == expected
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == (1 if warns else 0)
+    if warns:
+        assert "req-9" in warnings[0] and "kv_retention_s" in warnings[0]

@@ -9,6 +9,7 @@ values are taken. Bounded to seconds.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import pytest
@@ -37,6 +38,16 @@ def _good_entry(entry: object) -> bool:
     return entry in (*MEDIA, *LOCALITIES, *TIER_NAMES)
 
 
+def _good_retention(raw: object) -> bool:
+    """A finite number of seconds >= 0 as a float: an int or a float, not a bool."""
+    if not isinstance(raw, int | float) or isinstance(raw, bool):
+        return False
+    try:
+        return math.isfinite(float(raw)) and raw >= 0
+    except OverflowError:
+        return False
+
+
 @FUZZ
 @given(params=PARAMS | JSONISH)
 def test_kv_transfer_params_never_fail_and_warn_once_per_bad_value(
@@ -60,6 +71,14 @@ def test_kv_transfer_params_never_fail_and_warn_once_per_bad_value(
         else:
             assert getattr(parsed, cap) is None, "a bad value is ignored"
             assert len(about) == 1, warnings
+    raw = params.get("kv_retention_s")
+    about = [w for w in warnings if "kv_retention_s" in w]
+    if raw is None or _good_retention(raw):
+        assert parsed.retention_s == (None if raw is None else float(raw))
+        assert about == []
+    else:
+        assert parsed.retention_s is None, "a bad value is ignored"
+        assert len(about) == 1, warnings
     for name, field in SELECTORS.items():
         raw = params.get(name)
         selector = getattr(parsed, field)
@@ -70,4 +89,4 @@ def test_kv_transfer_params_never_fail_and_warn_once_per_bad_value(
             continue
         if selector.entries is not None:
             assert all(_good_entry(entry) for entry in selector.entries)
-    assert len(warnings) <= len(CAPS) + len(SELECTORS)
+    assert len(warnings) <= len(CAPS) + len(SELECTORS) + 1

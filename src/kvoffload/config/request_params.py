@@ -4,6 +4,9 @@ Bad values never fail a request: each logs one warning naming the request and th
 value (cut short: it comes from a client), and is ignored as if absent (SPEC §4);
 in a list of tiers, only its bad entries are, unless none is good.
 `max_offload_tokens` and `max_load_tokens` are experimental and may change.
+`kv_retention_s` is the request's retention hint (docs/policies.md, "Retention
+hints"): a request sharing this prompt will come within that many seconds; 0
+says none will, so its chunks go first.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload.config.seconds import finite_seconds
 from kvoffload.config.shapes import shown
 
 logger = logging.getLogger(__name__)
 
+RETENTION_PARAM = "kv_retention_s"
 MEDIA = ("cpu", "storage")
 LOCALITIES = ("local", "remote")
 
@@ -54,6 +59,9 @@ class RequestParams:
     max_load_tokens: int | None = None
     load_tiers: TierSelector = ALL_TIERS
     store_tiers: TierSelector = ALL_TIERS
+    retention_s: float | None = None
+    """`kv_retention_s`: seconds within which a request sharing this prompt will
+    come (0: none will); `None`, no hint."""
 
     @classmethod
     def parse(
@@ -82,6 +90,7 @@ class RequestParams:
             max_load_tokens=_token_cap(req_id, params, "max_load_tokens"),
             load_tiers=_tier_selector(req_id, params, "kv_load_tiers", tier_names),
             store_tiers=_tier_selector(req_id, params, "kv_store_tiers", tier_names),
+            retention_s=_retention(req_id, params, RETENTION_PARAM),
         )
 
 
@@ -94,6 +103,23 @@ def _token_cap(req_id: str, params: Mapping[str, Any], name: str) -> int | None:
         return raw
     logger.warning(
         "request %s: ignoring %s=%s (expected a non-negative int or null)",
+        req_id,
+        name,
+        shown(raw),
+    )
+    return None
+
+
+def _retention(req_id: str, params: Mapping[str, Any], name: str) -> float | None:
+    raw = params.get(name)
+    if raw is None:
+        return None
+    seconds = finite_seconds(raw)  # ints and floats, never bools, NaN or inf
+    if seconds is not None and seconds >= 0:
+        return seconds
+    logger.warning(
+        "request %s: ignoring %s=%s (expected a finite number of seconds >= 0, "
+        "or null)",
         req_id,
         name,
         shown(raw),

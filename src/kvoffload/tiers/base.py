@@ -127,6 +127,11 @@ class TierStats:
     `hits` counts chunks found by lookups (a request asked again counts again);
     `hit_tokens` counts the tokens loaded for requests whose lookup found their
     chunks in this tier, once per load, summed over KV-cache groups.
+    Retention hints (`kv_retention_s`): `hinted_chunks` (a gauge) are chunks
+    under an unexpired hint; `hints_honoured` hinted chunks loaded (once per
+    hint); `hints_expired_unused` hints that expired before a load;
+    `hints_dropped` hints that stopped counting early (past the tier's bound on
+    hinted chunks, or evicted when nothing else could be).
     """
 
     lookups: int = 0
@@ -142,8 +147,12 @@ class TierStats:
     failures: int = 0
     drops: int = 0
     transfer_seconds: float = 0.0
+    hints_honoured: int = 0
+    hints_expired_unused: int = 0
+    hints_dropped: int = 0
     occupancy: int = 0
     capacity: int = 0
+    hinted_chunks: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {name: float(value) for name, value in self.__dict__.items()}

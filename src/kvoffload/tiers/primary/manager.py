@@ -8,13 +8,15 @@ planned before a reset may still touch is held out of use until it is released.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
 
 from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
-from kvoffload.policies import EvictionPolicy, StopEviction, create_policy
+from kvoffload.policies import StopEviction, create_policy
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE, RetentionPolicy
 from kvoffload.tiers.base import (
     LookupResult,
     OffloadingEvent,
@@ -46,6 +48,11 @@ class CPUOffloadingManager(OffloadingManager):
     refused instead of evicting it (which would strand the new chunks) or
     chunks the policy values more (docs/policies.md, "Inside a real engine").
 
+    Retention hints (`kv_retention_s`) order evictions over the policy's own
+    (`RetentionPolicy`): a request's hint covers the chunks it stores, and those
+    it touches (its prefix) from then on; a promoted chunk keeps the hint it had
+    in the tier it came from (`retain`). `clock` dates them.
+
     Slots named to `reset_cache` as busy are *held*: neither occupied nor free,
     never handed out, until `release_slots` releases them as many times as they
     were held.
@@ -61,11 +68,15 @@ class CPUOffloadingManager(OffloadingManager):
         store_threshold: int = 0,
         max_tracker_size: int = 64_000,
         enable_events: bool = False,
+        max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not is_count(num_chunks, 1):
             raise ValueError(f"num_chunks must be an int >= 1, got {shown(num_chunks)}")
         self._num_chunks = num_chunks
-        self._policy: EvictionPolicy = create_policy(eviction_policy, num_chunks)
+        self._policy = RetentionPolicy(
+            create_policy(eviction_policy, num_chunks), clock, max_hinted_share
+        )
         self._filter = ReuseFilter(store_threshold, max_tracker_size)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._slots: dict[OffloadKey, int] = {}
@@ -90,7 +101,8 @@ class CPUOffloadingManager(OffloadingManager):
         return self._num_chunks
 
     @property
-    def policy(self) -> EvictionPolicy:
+    def policy(self) -> RetentionPolicy:
+        """The eviction policy, with retention hints over the configured one."""
         return self._policy
 
     def get_slot(self, key: OffloadKey) -> int | None:
@@ -145,6 +157,7 @@ class CPUOffloadingManager(OffloadingManager):
             return None
         slots = self.pin(keys)
         self._stats.chunks_loaded += len(slots)
+        self._policy.note_hit(keys)
         # Not an access by itself: when a use counts is the connector's choice
         # (it depends on whether the engine keeps a prefix cache). The request's
         # own stores never evict these chunks (see `prepare_store`).
@@ -193,11 +206,30 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> None:
         """Tell the policy the request used `keys`; the chunks it stored itself
         (`stored`, or what this tier remembers of the live request) change
-        recency but do not count as reused."""
+        recency but do not count as reused. The request's retention hint
+        covers them from now."""
         if stored is None:
             self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, set()))
         else:
             self._policy.touch(keys, stored)
+        hint = ctx.params.retention_s
+        if hint is not None:
+            slots = self._slots
+            self._policy.retain([k for k in keys if k in slots], hint)
+
+    def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
+        """Put resident `keys` under a retention hint of `seconds` from now, as a
+        request's `kv_retention_s` would (a promoted chunk's, say)."""
+        slots = self._slots
+        self._policy.retain([k for k in keys if k in slots], seconds)
+
+    def hints_of(self, keys: Sequence[OffloadKey]) -> tuple[float | None, ...] | None:
+        """Each key's retention hint now (seconds left, 0, or `None`), or `None`
+        when no chunk is under a hint: what a cascade carries to the next tier."""
+        policy = self._policy
+        if not policy.active:
+            return None
+        return tuple(map(policy.hint_of, keys))
 
     # -- stores ------------------------------------------------------------------
 
@@ -246,6 +278,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._writing.update(new)
         if not promotion:
             self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
+            hint = ctx.params.retention_s
+            if hint is not None:
+                self._policy.retain(new, hint)
         self._stats.evictions += len(victims)
         if victims and self._events is not None:
             self._events.append(
@@ -409,4 +444,14 @@ class CPUOffloadingManager(OffloadingManager):
                 free.append(slot)
 
     def get_stats(self) -> dict[str, TierStats]:
-        return {self.name: replace(self._stats, occupancy=len(self._slots))}
+        counts = self._policy.counts
+        return {
+            self.name: replace(
+                self._stats,
+                occupancy=len(self._slots),
+                hinted_chunks=self._policy.num_hinted(),
+                hints_honoured=counts.honoured,
+                hints_expired_unused=counts.expired_unused,
+                hints_dropped=counts.dropped,
+            )
+        }

@@ -1,0 +1,373 @@
+"""Retention hints: chunks an application says will be asked for again stay longer,
+under any eviction policy.
+
+A request's `kv_retention_s` says that a request sharing its prompt will come
+within that many seconds (0: none will). `RetentionPolicy` wraps any
+`EvictionPolicy` and changes only the order in which `evict` offers chunks:
+
+1. chunks hinted 0, the oldest hint first;
+2. chunks under no hint, in the wrapped policy's order;
+3. chunks under an unexpired hint, the longest hint first, and among hints of
+   one length the soonest to expire.
+
+An expired hint is no hint. A tier holds at most `max_hinted_share` of its
+capacity under hints: past that, hints stop counting in the order of class 3
+(their chunks stay, in class 2), so neither one tenant nor an application that
+hints everything can pin the cache, and a client claiming a day gains nothing
+over one claiming a minute. Recency, admission and whatever the wrapped
+policy learns are its own: it sees every insert, touch and removal as before.
+With no hint live, `evict` is the wrapped policy's, call for call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass
+
+from kvoffload.config import finite_seconds, shown
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import Evictable, EvictionPolicy
+
+Clock = Callable[[], float]
+
+DEFAULT_MAX_HINTED_SHARE = 0.35
+"""Half of each tier: hints decide what the other half keeps (class 1 goes first
+whatever the bound), and a lazy application that hints everything still leaves
+half the tier to the policy (docs/policies.md, "Retention hints")."""
+
+_Claim = tuple[float, int, tuple[OffloadKey, ...]]
+"""(deadline, sequence, keys): one request's hint on a run of chunks, in the
+order hints expire."""
+_Ranked = tuple[float, int, float, tuple[OffloadKey, ...]]
+"""(-seconds, sequence, deadline, keys): the same, in the order hints stop
+counting past the bound: the longest first, then the oldest."""
+
+
+def check_max_hinted_share(value: object, where: str = "max_hinted_share") -> float:
+    """`value` as a share of a tier in [0, 1]; a `ValueError` naming `where`."""
+    share = finite_seconds(value)  # a finite int or float, never a bool
+    if share is None or not 0 <= share <= 1:
+        raise ValueError(
+            f"{where}: {shown(value)} is not a number in [0, 1] (the share of "
+            "each tier that retention hints may hold; 0 turns positive hints off)"
+        )
+    return share
+
+
+@dataclass
+class RetentionCounts:
+    """What became of the hints (counters only grow)."""
+
+    honoured: int = 0
+    """Chunks loaded while under a hint (once per hint)."""
+    expired_unused: int = 0
+    """Hints that expired before their chunk was loaded."""
+    dropped: int = 0
+    """Hints that stopped counting before they expired: past the bound, or
+    their chunk evicted when nothing else could be."""
+
+
+class RetentionPolicy(EvictionPolicy):
+    """An `EvictionPolicy` that honours retention hints over a wrapped one.
+
+    `retain(keys, seconds)` puts resident chunks under a request's hint:
+    `seconds > 0` holds them until `now + seconds` (a later deadline from another
+    request extends it, an earlier one does not shorten it); `0` marks chunks
+    under no hint as the first to go, while an unexpired hint of another request
+    stands. A load of a chunk hinted 0 (`note_hit`) ends that hint: it was
+    wrong. `evict` keeps the contract of `EvictionPolicy` (exactly `n` victims
+    or `None`, `StopEviction` from `evictable` propagates having changed
+    nothing) and asks `evictable` in the order of the module docstring.
+    """
+
+    def __init__(
+        self,
+        inner: EvictionPolicy,
+        clock: Clock,
+        max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
+    ) -> None:
+        super().__init__(inner.capacity)
+        self.inner = inner
+        self._clock = clock
+        self._limit = math.floor(
+            check_max_hinted_share(max_hinted_share) * inner.capacity
+        )
+        self._deadline: dict[OffloadKey, float] = {}
+        """Chunks under an unexpired hint within the bound, with its deadline."""
+        self._zero: dict[OffloadKey, None] = {}
+        """Chunks hinted 0, oldest first; a key also in `_deadline` is not (a
+        later positive hint won) and is dropped from here lazily."""
+        self._used: set[OffloadKey] = set()
+        self._claims: list[_Claim] = []
+        self._ranks: list[_Ranked] = []
+        self._seq = 0
+        self._latest = -math.inf
+        self.counts = RetentionCounts()
+
+    # -- the wrapped policy ------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.inner
+
+    def insert(self, key: OffloadKey) -> None:
+        self.inner.insert(key)
+
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        self.inner.insert_many(keys)
+
+    def remove(self, key: OffloadKey) -> None:
+        self.inner.remove(key)
+        if self._deadline or self._zero:
+            self._forget((key,))
+
+    def touch(
+        self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
+    ) -> None:
+        self.inner.touch(keys, new)
+
+    def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
+        return self.inner.admit(keys)
+
+    def clear(self) -> None:
+        """Forget every chunk and hint (the counters stay: they only grow)."""
+        self.inner.clear()
+        self._deadline.clear()
+        self._zero.clear()
+        self._used.clear()
+        self._claims.clear()
+        self._ranks.clear()
+        self._latest = -math.inf
+
+    # -- hints -------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether any chunk is under a hint (positive or 0)."""
+        return bool(self._deadline or self._zero)
+
+    def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
+        """Put resident `keys` (prefix order) under a hint of `seconds` from now."""
+        if not keys:
+            return
+        deadline = self._deadline
+        if seconds <= 0:
+            zero = self._zero
+            for key in keys:
+                if key not in deadline:
+                    zero[key] = None
+            return
+        if self._limit == 0:
+            return
+        due = self._clock() + seconds
+        claimed: Sequence[OffloadKey]
+        if due >= self._latest:
+            # Every live deadline is earlier: extend them all at C speed (the
+            # common case: one hint length for every request).
+            claimed = keys
+            self._latest = due
+        else:
+            claimed = [k for k in keys if deadline.get(k, -math.inf) < due]
+            if not claimed:
+                return
+        deadline.update(dict.fromkeys(claimed, due))
+        if self._used:
+            self._used.difference_update(claimed)
+        run = tuple(claimed)
+        heapq.heappush(self._claims, (due, self._seq, run))
+        heapq.heappush(self._ranks, (-seconds, self._seq, due, run))
+        self._seq += 1
+        if len(deadline) > self._limit:
+            self._drop_past_bound()
+        if len(self._claims) + len(self._ranks) > 8 * len(deadline) + 4096:
+            self._compact()
+
+    def note_hit(self, keys: Sequence[OffloadKey]) -> None:
+        """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
+        if not self._deadline and not self._zero:
+            return
+        self._expire(self._clock())
+        deadline, zero, used = self._deadline, self._zero, self._used
+        for key in keys:
+            if key in deadline:
+                if key not in used:
+                    used.add(key)
+                    self.counts.honoured += 1
+            elif key in zero:
+                del zero[key]
+
+    def hint_of(self, key: OffloadKey) -> float | None:
+        """The hint `key` is under now, as a request gives one: seconds left
+        (> 0), 0, or `None` for none."""
+        due = self._deadline.get(key)
+        if due is not None:
+            left = due - self._clock()
+            return left if left > 0 else None
+        return 0.0 if key in self._zero else None
+
+    def num_hinted(self) -> int:
+        """Chunks under an unexpired hint (what the bound caps)."""
+        if self._claims:
+            self._expire(self._clock())
+        return len(self._deadline)
+
+    def _expire(self, now: float) -> None:
+        claims = self._claims
+        if not claims or claims[0][0] > now:
+            return
+        deadline, zero, used = self._deadline, self._zero, self._used
+        while claims and claims[0][0] <= now:
+            due, _, keys = heapq.heappop(claims)
+            for key in keys:
+                if deadline.get(key) == due:
+                    del deadline[key]
+                    zero.pop(key, None)
+                    if key in used:
+                        used.discard(key)
+                    else:
+                        self.counts.expired_unused += 1
+
+    def _drop_past_bound(self) -> None:
+        """Past the bound, hints stop counting: the longest first (a chunk held
+        for a long hint costs more room per hit than one for a short hint, and a
+        client that claims a day gains nothing by it), among hints of one length
+        the oldest (the soonest to expire); a run's tail before its head (a hit
+        is a leading run)."""
+        deadline, ranks = self._deadline, self._ranks
+        while len(deadline) > self._limit and ranks:
+            length, seq, due, keys = heapq.heappop(ranks)
+            live = [k for k in keys if deadline.get(k) == due]
+            excess = len(deadline) - self._limit
+            drop = live[-excess:] if excess < len(live) else live
+            self._forget(drop)
+            self.counts.dropped += len(drop)
+            if len(drop) < len(live):
+                kept = tuple(live[: len(live) - len(drop)])
+                heapq.heappush(ranks, (length, seq, due, kept))
+
+    def _compact(self) -> None:
+        """Drop the stale entries of both heaps (a run whose chunks have all
+        left, or taken later deadlines), which pile up under long hints."""
+        deadline = self._deadline
+
+        def live(keys: tuple[OffloadKey, ...], due: float) -> tuple[OffloadKey, ...]:
+            return tuple(k for k in keys if deadline.get(k) == due)
+
+        claims = [(d, q, live(k, d)) for d, q, k in self._claims]
+        self._claims = [c for c in claims if c[2]]
+        heapq.heapify(self._claims)
+        ranks = [(n, q, d, live(k, d)) for n, q, d, k in self._ranks]
+        self._ranks = [r for r in ranks if r[3]]
+        heapq.heapify(self._ranks)
+
+    def _forget(self, keys: Sequence[OffloadKey]) -> None:
+        deadline, zero, used = self._deadline, self._zero, self._used
+        for key in keys:
+            deadline.pop(key, None)
+            zero.pop(key, None)
+            used.discard(key)
+
+    # -- eviction ----------------------------------------------------------------
+
+    def evict(
+        self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        if not self._deadline and not self._zero:
+            return self.inner.evict(n, incoming, evictable)
+        self._expire(self._clock())
+        taken = self._take_zero(n, evictable) if self._zero else []
+        rest = n - len(taken)
+        hinted, zero = self._deadline, self._zero
+        accepted = 0
+
+        def unhinted(key: OffloadKey) -> bool:
+            nonlocal accepted
+            if key in hinted or key in zero or not evictable(key):
+                return False
+            accepted += 1
+            return True
+
+        got = self.inner.evict(rest, incoming, unhinted)
+        if got is None:
+            got = self._evict_hinted(rest, rest - accepted, incoming, evictable)
+            if got is None:
+                return None
+        for key in taken:
+            self.inner.remove(key)
+        self._forget(taken)
+        self._forget(got)
+        return taken + got
+
+    def _pick_hinted(
+        self, need: int, evictable: Evictable, picked: set[OffloadKey]
+    ) -> None:
+        """Add to `picked` up to `need` evictable hinted chunks, the first to stop
+        counting first (popped from the claims and pushed back: `evictable` may
+        raise `StopEviction`)."""
+        hinted, ranks = self._deadline, self._ranks
+        popped: list[_Ranked] = []
+        try:
+            while ranks and len(picked) < need:
+                entry = heapq.heappop(ranks)
+                _, _, due, keys = entry
+                live = [k for k in keys if hinted.get(k) == due]
+                if not live:
+                    continue  # stale: dropped for good
+                popped.append(entry)
+                for key in reversed(live):  # a run's tail first: a hit is a leading run
+                    if key not in picked and evictable(key):
+                        picked.add(key)
+                        if len(picked) == need:
+                            break
+        finally:
+            for entry in popped:
+                heapq.heappush(ranks, entry)
+
+    def _take_zero(self, n: int, evictable: Evictable) -> list[OffloadKey]:
+        """Up to `n` evictable chunks hinted 0, oldest first (nothing removed)."""
+        taken: list[OffloadKey] = []
+        stale: list[OffloadKey] = []
+        hinted = self._deadline
+        for key in self._zero:
+            if len(taken) == n:
+                break
+            if key in hinted:
+                stale.append(key)
+            elif evictable(key):
+                taken.append(key)
+        for key in stale:
+            del self._zero[key]
+        return taken
+
+    def _evict_hinted(
+        self, n: int, need: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        """Every evictable unhinted chunk (`n - need` of them, as far as the
+        wrapped policy, which asked about each before giving up, tells), and the
+        `need` evictable hinted ones first in the order of class 3."""
+        hinted, zero = self._deadline, self._zero
+        picked: set[OffloadKey] = set()
+        if need > 0:
+            self._pick_hinted(need, evictable, picked)
+            if len(picked) < need:
+                return None
+
+        def allowed(key: OffloadKey) -> bool:
+            if key in zero or (key in hinted and key not in picked):
+                return False
+            return evictable(key)
+
+        got = self.inner.evict(n, incoming, allowed)
+        if got is None:
+            # A policy that gave up before asking about every chunk: its own
+            # order over everything but class 1 (taken already, or not evictable).
+            got = self.inner.evict(
+                n, incoming, lambda key: key not in zero and evictable(key)
+            )
+        if got is not None:
+            self.counts.dropped += sum(1 for key in got if key in hinted)
+        return got

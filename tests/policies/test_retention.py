@@ -1,0 +1,239 @@
+"""Retention hints over every registered policy: hinted 0 first, then unhinted
+chunks in the policy's order, then hinted ones (the longest hint first); an
+expired hint is no hint; the bound on a tier's hinted share holds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.policies import StopEviction, create_policy, policy_names
+from kvoffload.policies.retention import RetentionPolicy, check_max_hinted_share
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def always(_: OffloadKey) -> bool:
+    return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wrapped(
+    name: str, capacity: int = 8, share: float = 1.0
+) -> tuple[RetentionPolicy, Clock]:
+    clock = Clock()
+    return RetentionPolicy(create_policy(name, capacity), clock, share), clock
+
+
+def drain(policy: RetentionPolicy) -> list[OffloadKey]:
+    """Every chunk, in the order `evict(1)` gives them up."""
+    order: list[OffloadKey] = []
+    while len(policy):
+        victims = policy.evict(1, [], always)
+        assert victims is not None
+        order += victims
+    return order
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_hinted_zero_go_first_then_unhinted_then_hinted(name: str) -> None:
+    """Scenario: eight chunks; 6 and 7 are hinted 0, 0 and 1 held for 60 s,
+    2 for 30 s; the rest carry no hint. Whatever the policy, the 0s go first
+    (oldest hint first), then the unhinted ones, then the held ones, the longest
+    hint first."""
+    policy, _ = wrapped(name)
+    for i in range(8):
+        policy.insert(k(i))
+    policy.retain([k(7), k(6)], 0)
+    policy.retain([k(0), k(1)], 60)
+    policy.retain([k(2)], 30)
+    order = drain(policy)
+    assert order[:2] == [k(7), k(6)]
+    assert set(order[2:5]) == {k(3), k(4), k(5)}
+    assert set(order[5:7]) == {k(0), k(1)} and order[7] == k(2)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_without_hints_evict_is_the_policys_own(name: str) -> None:
+    """Scenario: the same operations through a bare policy and a wrapped one
+    that never saw a hint give the same victims, in the same order."""
+    bare = create_policy(name, 8)
+    policy, _ = wrapped(name)
+    for p in (bare, policy):
+        for i in (3, 1, 4, 0, 5, 2, 6, 7):
+            p.insert(k(i))
+        p.touch([k(0), k(1), k(2)])
+    blocked = {k(4)}
+    assert policy.evict(3, [k(9)], lambda key: key not in blocked) == bare.evict(
+        3, [k(9)], lambda key: key not in blocked
+    )
+    assert drain(policy) == [bare.evict(1, [], always)[0] for _ in range(len(bare))]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_an_expired_hint_is_no_hint(name: str) -> None:
+    """Scenario: chunk 0 is held for 10 s and is the oldest; before the hint
+    expires it outlives every other chunk, after it the policy alone decides."""
+    policy, clock = wrapped(name)
+    for i in range(4):
+        policy.insert(k(i))
+    policy.retain([k(0)], 10)
+    assert policy.evict(1, [], always) != [k(0)]
+    clock.now += 10
+    assert policy.num_hinted() == 0
+    assert policy.hint_of(k(0)) is None
+    assert policy.counts.expired_unused == 1
+    bare = create_policy(name, 8)
+    for i in range(4):
+        bare.insert(k(i))
+    bare.evict(1, [], lambda key: key != k(0))
+    assert policy.evict(1, [], always) == bare.evict(1, [], always)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_the_bound_drops_the_longest_hints_first(name: str) -> None:
+    """Scenario: a tier of 8 chunks may hold 4 under hints (share 0.5). Hints
+    of 100 s on 0-1, 10 s on 2-3 and 50 s on 4-5: the 100 s ones stop counting
+    and join the unhinted 6-7; of the held ones the 50 s hint goes first, its
+    tail before its head."""
+    policy, _ = wrapped(name, share=0.5)
+    for i in range(8):
+        policy.insert(k(i))
+    policy.retain([k(0), k(1)], 100)
+    policy.retain([k(2), k(3)], 10)
+    policy.retain([k(4), k(5)], 50)
+    assert policy.num_hinted() == 4
+    assert policy.hint_of(k(0)) is None and policy.hint_of(k(1)) is None
+    assert policy.counts.dropped == 2
+    assert policy.hint_of(k(2)) == 10 and policy.hint_of(k(4)) == 50
+    order = drain(policy)
+    assert set(order[:4]) == {k(0), k(1), k(6), k(7)}
+    assert order[4:] == [k(5), k(4), k(3), k(2)]
+
+
+def test_a_longer_hint_extends_and_a_shorter_one_does_not_shorten() -> None:
+    policy, clock = wrapped("lru")
+    policy.insert(k(0))
+    policy.retain([k(0)], 50)
+    policy.retain([k(0)], 10)
+    assert policy.hint_of(k(0)) == 50
+    clock.now += 20
+    policy.retain([k(0)], 40)
+    assert policy.hint_of(k(0)) == 40
+
+
+def test_zero_leaves_another_requests_live_hint_and_a_load_ends_a_zero() -> None:
+    """Scenario: chunk 0 is held for 60 s by one request; another says 0 of it:
+    the hold stands. Chunk 1 is hinted 0, then loaded: the 0 was wrong, and it
+    is unhinted again (not first to go)."""
+    policy, _ = wrapped("lru")
+    for i in range(3):
+        policy.insert(k(i))
+    policy.retain([k(0)], 60)
+    policy.retain([k(0), k(1)], 0)
+    assert policy.hint_of(k(0)) == 60 and policy.hint_of(k(1)) == 0.0
+    policy.note_hit([k(1)])
+    assert policy.hint_of(k(1)) is None
+    policy.note_hit([k(0)])
+    policy.note_hit([k(0)])
+    assert policy.counts.honoured == 1
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) -> None:
+    """Scenario: the manager stops eviction at the storing request's own chunk
+    (k(3), hinted 0 after k(2)); the policy is unchanged afterwards."""
+    policy, _ = wrapped(name)
+    for i in range(6):
+        policy.insert(k(i))
+    policy.retain([k(2), k(3)], 0)
+    policy.retain([k(0)], 30)
+
+    def until_own(key: OffloadKey) -> bool:
+        if key == k(3):
+            raise StopEviction
+        return True
+
+    with pytest.raises(StopEviction):
+        policy.evict(3, [k(9)], until_own)
+    assert len(policy) == 6
+    assert policy.hint_of(k(2)) == 0.0 and policy.hint_of(k(0)) == 30
+    assert policy.evict(1, [], until_own) == [k(2)]
+
+
+def test_max_hinted_share_is_checked() -> None:
+    assert check_max_hinted_share(0) == 0 and check_max_hinted_share(1) == 1
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5", None):
+        with pytest.raises(ValueError, match="max_hinted_share"):
+            check_max_hinted_share(bad)
+
+
+def _cls(policy: RetentionPolicy, key: OffloadKey) -> int:
+    hint = policy.hint_of(key)
+    return 2 if hint is None else (1 if hint == 0 else 3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    name=st.sampled_from(policy_names()),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["insert", "retain", "zero", "tick", "evict", "remove", "hit"]
+            ),
+            st.integers(0, 20),
+        ),
+        max_size=150,
+    ),
+)
+def test_random_operations_keep_the_order_and_the_bound(
+    name: str, ops: list[tuple[str, int]]
+) -> None:
+    """Invariants: exactly `n` evictable victims or `None` and nothing changed;
+    no victim of a class while an evictable chunk of an earlier class stays;
+    never more hinted chunks than the bound."""
+    capacity = 10
+    policy, clock = wrapped(name, capacity, share=0.4)
+    blocked = {k(j) for j in range(0, 21, 5)}
+    resident: set[OffloadKey] = set()
+    for op, i in ops:
+        key = k(i)
+        if op == "insert" and key not in resident and len(resident) < capacity:
+            policy.insert(key)
+            resident.add(key)
+        elif op == "retain":
+            policy.retain([r for r in (k(i), k(i + 1)) if r in resident], 1 + i % 7)
+        elif op == "zero":
+            policy.retain([key] if key in resident else [], 0)
+        elif op == "tick":
+            clock.now += i % 5
+        elif op == "hit":
+            policy.note_hit([key] if key in resident else [])
+        elif op == "remove":
+            policy.remove(key)
+            resident.discard(key)
+        elif op == "evict":
+            before = {r: _cls(policy, r) for r in resident}
+            victims = policy.evict(i % 4, [], lambda r: r not in blocked)
+            if victims is None:
+                assert {r: _cls(policy, r) for r in resident} == before
+                continue
+            assert len(victims) == i % 4 == len(set(victims))
+            assert not set(victims) & blocked and set(victims) <= set(before)
+            resident -= set(victims)
+            worst = max((before[v] for v in victims), default=0)
+            left = [before[r] for r in resident if r not in blocked]
+            assert all(c >= worst for c in left), (victims, before)
+        assert policy.num_hinted() <= int(0.4 * capacity)
+        assert len(policy) == len(resident) and all(r in policy for r in resident)
