@@ -46,6 +46,12 @@ from kvoffload.replay.generators import (
     chat_agents,
     reasoning,
 )
+from kvoffload.replay.hints import (
+    add_hint_arguments,
+    check_hint_conflicts,
+    hint_settings,
+    hint_title,
+)
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, load_mooncake
 from kvoffload.replay.output_paths import prepare_report_dir, resolve_plot_path
 from kvoffload.replay.progress import LINE_INTERVAL_S, PROGRESS_MODES, progress_for
@@ -194,6 +200,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         f"else a line every {LINE_INTERVAL_S:g} s (lines)",
     )
     add_tier_and_fleet_arguments(parser)
+    add_hint_arguments(parser)
 
 
 def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -232,6 +239,7 @@ def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--target-load applies to --time-scale auto only")
     if args.model is not None and args.kv_bytes_per_token is not None:
         parser.error("give --model or --kv-bytes-per-token, not both")
+    check_hint_conflicts(parser, args)
 
 
 def _quiet_after_broken_pipe() -> int:
@@ -371,6 +379,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
                 offload_prompt_only=po,
                 time_model=tm,
                 **tier_settings(args),
+                **hint_settings(args, scale),
             ),
         )
         for capacity in host_capacities
@@ -393,6 +402,8 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         f"({_size(runs[0].settings.chunk_bytes)}), device cache "
         f"{args.device_tokens:,} tokens, arrivals x{scale:.2f}"
     )
+    if args.hints.kind != "none":
+        title += f", {hint_title(args.hints)}"
     tables = [report.results_table(results, bel, inf, title)]
     prompt_only_table = report.prompt_only_table(results)
     if prompt_only_table is not None:

@@ -104,6 +104,8 @@ class EngineStack:
             policy,
             store_threshold=settings.store_threshold,
             enable_events=record_events,
+            max_hinted_share=settings.max_hinted_share,
+            clock=self.clock,
         )
         self.tiers = [_tier(m, self.clock, record_events) for m in backends]
         manager: OffloadingManager = self.primary

@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 
 from kvoffload.connector import ConnectorConfig, OffloadConnector
 from kvoffload.engine_model import SimRequest, TimeModel
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE
 from kvoffload.replay.engine_stack import EngineStack, build_backends, tier_results
+from kvoffload.replay.hints import NO_HINTS, HintMode, hinted_params
 from kvoffload.replay.tally import RequestTally, TierResult
 from kvoffload.replay.tier_specs import TierSpec
 from kvoffload.replay.workload import Workload
@@ -19,7 +21,9 @@ from kvoffload.replay.workload import Workload
 class ReplaySettings:
     """How to replay: chunk size, device cache, admission, the time model, the
     secondary tiers behind host memory (none: host memory alone), and how long
-    the connector lets a request wait for chunks in flight (`max_defer_s`).
+    the connector lets a request wait for chunks in flight (`max_defer_s`),
+    the retention hints requests send (`hints`, derived from the workload) and
+    the share of each tier they may hold.
 
     `device_tokens=0` means no device prefix cache in front of kvoffload (every
     reuse must come from the host tier), as in the reference figures.
@@ -34,6 +38,8 @@ class ReplaySettings:
     time_model: TimeModel = field(default_factory=TimeModel)
     tiers: tuple[TierSpec, ...] = ()
     max_defer_s: float = ConnectorConfig.max_defer_s
+    hints: HintMode = NO_HINTS
+    max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE
 
     @property
     def chunk_bytes(self) -> int:
@@ -79,13 +85,25 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
+class HintOutcome:
+    """What became of the retention hints in the host tier (`TierStats`)."""
+
+    honoured: int
+    expired_unused: int
+    dropped: int
+    max_hinted_share: float
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     """One (policy, capacity) replay. Ratios are over prompt chunks, but
     `token_hit_ratio`: prompt tokens loaded from the host tier over all prompt
     tokens, both at the trace's true prompt lengths (padding never counts).
     `p90_ttft_s` is the nearest-rank 90th percentile (of two TTFTs, the larger).
     `tiers` (with secondary tiers only) are each tier's hits and traffic, host
-    memory first."""
+    memory first. `hints` names the retention-hint mode (`--hints`), with
+    `hinted` what became of the hints in the host tier (both only when hints
+    were sent)."""
 
     workload: str
     policy: str
@@ -110,6 +128,8 @@ class ReplayResult:
     wall_s: float
     requests_per_s: float
     tiers: tuple[TierResult, ...] = ()
+    hints: str = "none"
+    hinted: HintOutcome | None = None
 
     def as_json(self) -> dict[str, object]:
         record = asdict(self)
@@ -117,10 +137,15 @@ class ReplayResult:
             del record["tiers"]  # a host-only replay's record, as it always was
         else:
             record["tiers"] = [asdict(t) for t in self.tiers]
+        if self.hints == "none":
+            del record["hints"], record["hinted"]  # as it was before hints
         return record
 
 
-def to_sim_requests(workload: Workload) -> list[SimRequest]:
+def to_sim_requests(workload: Workload, hints: HintMode = NO_HINTS) -> list[SimRequest]:
+    """The workload's requests for the engine model, each with the retention
+    hint `hints` derives for it in its `kv_transfer_params`."""
+    per_request = hints.hints(workload)
     return [
         SimRequest(
             request_id=f"{workload.name}-{i}",
@@ -129,6 +154,7 @@ def to_sim_requests(workload: Workload) -> list[SimRequest]:
             max_output_tokens=r.num_output_tokens,
             hashes=r.hashes,
             hash_block_tokens=workload.hash_block_tokens,
+            kv_transfer_params=hinted_params(per_request, i),
         )
         for i, r in enumerate(workload.requests)
     ]
@@ -150,7 +176,7 @@ def run_replay(
         block, workload.hash_block_tokens, policy, capacity_chunks, settings, backends
     )
     engine = stack.engine
-    requests = to_sim_requests(workload)
+    requests = to_sim_requests(workload, settings.hints)
     started = time.perf_counter()
     engine.add(requests)
     reported = 0
@@ -192,6 +218,14 @@ def _result(
     tier = connector.get_tier_stats()["cpu"]
     stats = connector.get_stats()
     mean, p90 = tally.ttft_mean_and_p90()
+    hinted = None
+    if settings.hints.kind != "none":
+        hinted = HintOutcome(
+            tier.hints_honoured,
+            tier.hints_expired_unused,
+            tier.hints_dropped,
+            settings.max_hinted_share,
+        )
     return ReplayResult(
         workload=workload.name,
         policy=policy,
@@ -216,4 +250,6 @@ def _result(
         wall_s=wall,
         requests_per_s=tally.requests / wall if wall > 0 else 0.0,
         tiers=tiers,
+        hints=settings.hints.label,
+        hinted=hinted,
     )

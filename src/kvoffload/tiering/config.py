@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.config import config_mapping, finite_seconds, is_count, shown
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE
 from kvoffload.tiers.secondary import Clock, create_secondary_tiers
 from kvoffload.worker import ChunkBuffer
 
@@ -75,13 +76,17 @@ def create_tiering_manager(
     fingerprint: str,
     config: TieringConfig | None = None,
     clock: Clock = time.monotonic,
+    max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
 ) -> TieringManager:
     """A tiering manager over `primary` and the tiers described by mappings.
 
     `buffer` is the host pool behind `primary` (slot `i` of the manager is slot `i`
-    of the buffer); `fingerprint` names the model and layout (`make_fingerprint`).
+    of the buffer); `fingerprint` names the model and layout (`make_fingerprint`);
+    `max_hinted_share` bounds retention hints in every tier, as in `primary`.
     """
     from kvoffload.tiering.manager import TieringManager
 
-    tiers = create_secondary_tiers(secondary_tiers, buffer, fingerprint, clock)
+    tiers = create_secondary_tiers(
+        secondary_tiers, buffer, fingerprint, clock, max_hinted_share
+    )
     return TieringManager(primary, tiers, config or TieringConfig(), clock)

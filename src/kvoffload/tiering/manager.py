@@ -79,6 +79,9 @@ class TieringManager(OffloadingManager):
       over the network.
     - Completions are taken from the tiers once per step (at the first lookup
       or prepare call, and in `on_schedule_end`), never waited for.
+    - Retention hints travel with the chunks: a cascade carries each chunk's
+      hint as the primary tier holds it (`TierJob.hints`), and a promoted chunk
+      takes the hint its tier reports (`TierJobResult.hints`).
     - Hit tokens: a chunk promoted for a request counts for the tier it came
       from at that request's first load of it; every other load counts for the
       primary tier.
@@ -138,6 +141,12 @@ class TieringManager(OffloadingManager):
         lost = [k for k in job.keys if k in failed]
         if loaded:
             self.primary.complete_store(loaded, job.ctx, True)
+            if result.hints:
+                # A promoted chunk keeps the hint it was under in its tier.
+                for key in loaded:
+                    hint = result.hints.get(key)
+                    if hint is not None:
+                        self.primary.retain((key,), hint)
         if lost:
             # The source tier counts the failure; host memory only lent a slot.
             self.primary.abort_store(lost)
@@ -190,8 +199,9 @@ class TieringManager(OffloadingManager):
     # -- cascades ----------------------------------------------------------------
 
     def _new_job(self, tier: int, promotion: bool, keys: Sequence[OffloadKey],
-                 slots: Sequence[int], ctx: ReqContext) -> TierJob:  # fmt: skip
-        job = TierJob(self._next_job_id, tuple(keys), tuple(slots), ctx)
+                 slots: Sequence[int], ctx: ReqContext,
+                 hints: tuple[float | None, ...] | None = None) -> TierJob:  # fmt: skip
+        job = TierJob(self._next_job_id, tuple(keys), tuple(slots), ctx, hints)
         self._next_job_id += 1
         self._jobs[job.job_id] = _Job(tier, promotion, job)
         return job
@@ -229,7 +239,10 @@ class TieringManager(OffloadingManager):
                 continue
             slots = self.primary.pin(batch)
             self._inflight[index] += len(batch)
-            tier.submit_store(self._new_job(index, False, batch, slots, ctx))
+            # Each chunk's hint as the primary tier holds it now (another
+            # request's may have extended the writer's).
+            hints = self.primary.hints_of(batch)
+            tier.submit_store(self._new_job(index, False, batch, slots, ctx, hints))
 
     # -- lookups -----------------------------------------------------------------
 

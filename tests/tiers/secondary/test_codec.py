@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import pytest
 
 from kvoffload.tiers.secondary import CorruptChunkError, codec
@@ -23,7 +26,41 @@ def test_round_trip() -> None:
     codec.check_payload(
         header, [memoryview(data)[codec.header_size(len(key(1)), FP) :]]
     )
-    assert header == (key(1), FP, len(PAYLOAD), codec.payload_checksum([PAYLOAD]))
+    assert header[:4] == (key(1), FP, len(PAYLOAD), codec.payload_checksum([PAYLOAD]))
+    assert header.hint_until is None and header.size == codec.header_size(
+        len(key(1)), FP
+    )
+
+
+def test_a_retention_hint_round_trips_in_unix_seconds() -> None:
+    payload = b"x" * 8
+    crc = codec.payload_checksum([payload])
+    held = codec.decode_header(codec.encode_header(key(1), FP, 8, crc, 60.0, 1000.0))
+    assert held.hint_until == 1060.0
+    assert held.hint_left(1030.0) == 30.0 and held.hint_left(1060.0) is None
+    done = codec.decode_header(codec.encode_header(key(1), FP, 8, crc, 0.0, 1000.0))
+    assert done.hint_left(1e9) == 0.0
+    none = codec.decode_header(codec.encode_header(key(1), FP, 8, crc, None, 1000.0))
+    assert none.hint_left(0.0) is None
+
+
+def encoded_v1(k: bytes = key(1), fp: str = FP, payload: bytes = PAYLOAD) -> bytes:
+    """A chunk as format 1 wrote it (before retention hints)."""
+    fixed = struct.Struct("<4sHHHHQI")
+    crc = codec.payload_checksum([payload])
+    head = (
+        fixed.pack(b"KVOC", 1, 0, len(k), len(fp), len(payload), crc) + k + fp.encode()
+    )
+    return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+def test_a_chunk_of_format_1_still_loads_unhinted() -> None:
+    data = encoded_v1()
+    header = codec.decode_header(data)
+    codec.check_header(header, key(1), FP, len(PAYLOAD))
+    codec.check_payload(header, [memoryview(data)[header.size :]])
+    assert header.hint_until is None
+    assert header.size == len(data) - len(PAYLOAD)
 
 
 def flip(data: bytes, offset: int) -> bytes:
@@ -62,7 +99,7 @@ def test_header_for_another_key_fingerprint_or_length_is_rejected() -> None:
 
 def test_other_format_version_is_rejected() -> None:
     data = bytearray(encoded())
-    data[4] = codec.FORMAT_VERSION + 1
+    data[4] = max(codec.READABLE_VERSIONS) + 1
     with pytest.raises(CorruptChunkError, match="format version"):
         codec.decode_header(bytes(data))
 

@@ -24,6 +24,10 @@ from kvoffload.config.errors import ErrorList, unknown_key
 from kvoffload.config.sources import CONFIG_FILE_KEY, expand_env, with_config_file
 from kvoffload.connector.config import is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
+from kvoffload.policies.retention import (
+    DEFAULT_MAX_HINTED_SHARE,
+    check_max_hinted_share,
+)
 from kvoffload.tiers.secondary import parse_tier_config
 from kvoffload.tiers.secondary.redis_url import shown_value
 
@@ -40,6 +44,8 @@ KEYS: dict[str, str] = {
     "secondary_tiers": "list of tiers behind host memory: {'type': 'file', 'path': ..., "
     "'capacity': ...} or {'type': 'redis', 'url': ...}",
     "max_defer_s": "longest a request waits for chunks still in flight (default 1.0)",
+    "max_hinted_share": "share of each tier that retention hints (kv_retention_s) "
+    f"may hold, 0 to 1 (default {DEFAULT_MAX_HINTED_SHARE})",
     "model_tag": "names the weights in keys, files and Redis instead of the model's "
     "path and a sample of its weight files (a checkpoint version, say)",
     CONFIG_FILE_KEY: "a JSON or YAML file holding these settings; keys given "
@@ -125,6 +131,10 @@ def _defer(key: str, value: object) -> float:
     return float(value)  # type: ignore[arg-type]  # a finite int or float
 
 
+def _share(key: str, value: object) -> float:
+    return check_max_hinted_share(value, _key(key))
+
+
 def _tag(key: str, value: object) -> str | None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{_key(key)}: {shown(value)} is not a non-empty string")
@@ -142,6 +152,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "offload_prompt_only": _bool,
     "secondary_tiers": _tiers,
     "max_defer_s": _defer,
+    "max_hinted_share": _share,
     "model_tag": _tag,
 }
 
@@ -211,6 +222,7 @@ class KVOffloadSettings:
     # Not in the repr: a tier's mapping may hold a password.
     secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
     max_defer_s: float = 1.0
+    max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE
     model_tag: str | None = None
     config_file: str | None = None
     """The file the settings were read from, if any (`config_file`, `KVOFFLOAD_CONFIG`)."""
@@ -243,6 +255,7 @@ class KVOffloadSettings:
             offload_prompt_only=values.get("offload_prompt_only", True),
             secondary_tiers=values.get("secondary_tiers", ()),
             max_defer_s=values.get("max_defer_s", 1.0),
+            max_hinted_share=values.get("max_hinted_share", DEFAULT_MAX_HINTED_SHARE),
             model_tag=values.get("model_tag"),
             config_file=source,
         )

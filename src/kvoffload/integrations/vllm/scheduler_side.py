@@ -63,6 +63,7 @@ def build_manager(
         store_threshold=settings.store_threshold,
         max_tracker_size=settings.max_tracker_size,
         enable_events=enable_events,
+        max_hinted_share=settings.max_hinted_share,
     )
     if not settings.secondary_tiers:
         return primary, [], shape
@@ -77,7 +78,11 @@ def build_manager(
         buffer = pools[0] if len(pools) == 1 else RankedChunkBuffer(pools)
         shape = shape.with_kv_layouts(pool.layout for pool in pools)
         manager = create_tiering_manager(
-            primary, settings.secondary_tiers, buffer, shape.tiers_fingerprint()
+            primary,
+            settings.secondary_tiers,
+            buffer,
+            shape.tiers_fingerprint(),
+            max_hinted_share=settings.max_hinted_share,
         )
     except BaseException:
         for pool in pools:

@@ -23,7 +23,7 @@ from kvoffload.connector import ConnectorStats
 from kvoffload.tiers.base import TierStats
 from kvoffload.tiers.secondary.factory import parse_tier_config
 
-GAUGES = ("occupancy", "capacity")
+GAUGES = ("occupancy", "capacity", "hinted_chunks")
 TIER_COUNTERS = (
     "lookups",
     "hits",
@@ -38,6 +38,9 @@ TIER_COUNTERS = (
     "failures",
     "drops",
     "transfer_seconds",
+    "hints_honoured",
+    "hints_expired_unused",
+    "hints_dropped",
 )
 CONNECTOR_COUNTERS = (
     "lookups",

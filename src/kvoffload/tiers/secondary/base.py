@@ -8,7 +8,7 @@ a `ChunkBuffer`. The tiering manager drives it from the scheduler thread.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -39,18 +39,30 @@ class TierJob:
     `keys[i]` lives in primary slot `slots[i]`. For a store the slots are pinned
     readable chunks; for a load they are allocated slots being written. Either
     way the slots stay reserved for the job until its result is taken.
+    `hints[i]` (stores) is the retention hint `keys[i]` is under in the primary
+    tier, as a request gives one (seconds left, 0, or `None`); `None` for none
+    at all.
     """
 
     job_id: int
     keys: tuple[OffloadKey, ...]
     slots: tuple[int, ...]
     ctx: ReqContext
+    hints: tuple[float | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.slots):
             raise ValueError(
                 f"job {self.job_id}: {len(self.keys)} keys but {len(self.slots)} slots"
             )
+        if self.hints is not None and len(self.hints) != len(self.keys):
+            raise ValueError(
+                f"job {self.job_id}: {len(self.keys)} keys but {len(self.hints)} hints"
+            )
+
+    def hint(self, index: int) -> float | None:
+        """The retention hint of `keys[index]` (see the class docstring)."""
+        return None if self.hints is None else self.hints[index]
 
 
 @dataclass(frozen=True)
@@ -59,13 +71,16 @@ class TierJobResult:
 
     `failed_keys` did not move. For a load they must not be made readable; for a
     store they are not in the tier (failed, dropped, or skipped for lack of room
-    or because the tier is still removing the key's evicted copy).
+    or because the tier is still removing the key's evicted copy). `hints`
+    (loads) are the retention hints loaded chunks were under in the tier
+    (seconds left, or 0), for the primary tier to keep.
     """
 
     job_id: int
     failed_keys: tuple[OffloadKey, ...] = ()
     num_bytes: int = 0
     seconds: float = 0.0
+    hints: Mapping[OffloadKey, float] | None = None
 
     @property
     def success(self) -> bool:
@@ -85,7 +100,9 @@ class SecondaryTier(ABC):
       A `HIT` is a promise that may still fail on load (a corrupt chunk, a store
       that evicted it): the load then reports the key failed.
     - `submit_store(job)` reads each chunk's bytes from its slot; the caller
-      keeps those slots pinned until the job's result is taken. Keys the tier
+      keeps those slots pinned until the job's result is taken. Chunks keep
+      their retention hints (`job.hints`) in the tier: its evictions honour
+      them, and a load reports them (`TierJobResult.hints`). Keys the tier
       already holds are skipped (not failed). Eviction to make room follows the
       tier's policy; if nothing can be evicted, keys are skipped and counted
       (`store_skipped`), as are keys whose evicted copy the tier is still

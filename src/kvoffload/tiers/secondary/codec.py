@@ -4,7 +4,10 @@ A stored chunk is a header followed by the raw payload (the chunk's bytes as the
 sit in a host slot). The header names the format version, the key, the model and
 layout fingerprint, the payload length and a checksum of the payload, and carries
 its own checksum. Any mismatch makes the chunk unusable: it is a miss, never
-loaded.
+loaded. Format 2 adds the chunk's retention hint (docs/policies.md, "Retention
+hints"): until when, in Unix seconds, a request is expected to ask for it, or
+that none will; a reader that sees format 1 (written before hints) takes it as
+unhinted, so chunks of the old format still load.
 
 The checksum is CRC-32 (zlib's polynomial): it catches what happens to a chunk at
 rest or on the wire (flipped bits, torn or truncated writes) and is computed by
@@ -32,11 +35,18 @@ except ImportError:  # pragma: no cover - depends on the environment
     from zlib import crc32 as _crc32
 
 MAGIC = b"KVOC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # magic, version, flags, key length, fingerprint length, payload length, payload crc
-_FIXED = struct.Struct("<4sHHHHQI")
+_FIXED_V1 = struct.Struct("<4sHHHHQI")
+# ... then (format 2) the hint's deadline in Unix seconds (see the flags)
+_FIXED = struct.Struct("<4sHHHHQId")
 _CRC = struct.Struct("<I")
+FLAG_RETAIN = 1
+"""The chunk is held until the deadline."""
+FLAG_DONE = 2
+"""Its request said no request will ask for it (a hint of 0)."""
 _FINGERPRINT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -49,6 +59,20 @@ class ChunkHeader(NamedTuple):
     fingerprint: str
     payload_len: int
     payload_crc: int
+    hint_until: float | None = None
+    """Until when (Unix seconds) a request is expected, 0.0 for "none will",
+    `None` for no hint."""
+    size: int = 0
+    """Bytes of the header: where the payload starts in a value."""
+
+    def hint_left(self, now: float) -> float | None:
+        """The hint as a request gives one, at Unix time `now`: seconds left
+        (> 0), 0, or `None` (none, or expired)."""
+        until = self.hint_until
+        if until is None or until == 0.0:
+            return until
+        left = until - now
+        return left if left > 0 else None
 
 
 def validate_fingerprint(fingerprint: object) -> str:
@@ -86,12 +110,29 @@ def payload_checksum(parts: Sequence[bytes | memoryview]) -> int:
 
 
 def encode_header(
-    key: OffloadKey, fingerprint: str, payload_len: int, payload_crc: int
+    key: OffloadKey,
+    fingerprint: str,
+    payload_len: int,
+    payload_crc: int,
+    hint: float | None = None,
+    now: float = 0.0,
 ) -> bytes:
+    """A format-2 header; `hint` is the chunk's retention hint as a request gives
+    one (seconds from Unix time `now`, 0, or `None`)."""
     fp = fingerprint.encode("ascii")
+    flags, until = 0, 0.0
+    if hint is not None:
+        flags, until = (FLAG_RETAIN, now + hint) if hint > 0 else (FLAG_DONE, 0.0)
     head = (
         _FIXED.pack(
-            MAGIC, FORMAT_VERSION, 0, len(key), len(fp), payload_len, payload_crc
+            MAGIC,
+            FORMAT_VERSION,
+            flags,
+            len(key),
+            len(fp),
+            payload_len,
+            payload_crc,
+            until,
         )
         + key
         + fp
@@ -100,28 +141,38 @@ def encode_header(
 
 
 def decode_header(data: bytes | memoryview) -> ChunkHeader:
-    """Parse and self-check a header at the start of `data`."""
-    if len(data) < _FIXED.size:
+    """Parse and self-check a header (format 1 or 2) at the start of `data`."""
+    if len(data) < _FIXED_V1.size:
         raise CorruptChunkError(f"header truncated ({len(data)} bytes)")
-    magic, version, _flags, key_len, fp_len, payload_len, payload_crc = (
-        _FIXED.unpack_from(data)
+    magic, version, flags, key_len, fp_len, payload_len, payload_crc = (
+        _FIXED_V1.unpack_from(data)
     )
     if magic != MAGIC:
         raise CorruptChunkError(f"bad magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptChunkError(f"format version {version}, expected {FORMAT_VERSION}")
-    end = _FIXED.size + key_len + fp_len
+    if version not in READABLE_VERSIONS:
+        raise CorruptChunkError(
+            f"format version {version}, expected one of {READABLE_VERSIONS}"
+        )
+    fixed = _FIXED if version == 2 else _FIXED_V1
+    end = fixed.size + key_len + fp_len
     if len(data) < end + _CRC.size:
         raise CorruptChunkError("header truncated")
     (stored_crc,) = _CRC.unpack_from(data, end)
     if zlib.crc32(data[:end]) != stored_crc:
         raise CorruptChunkError("header checksum mismatch")
-    key = OffloadKey(bytes(data[_FIXED.size : _FIXED.size + key_len]))
+    key = OffloadKey(bytes(data[fixed.size : fixed.size + key_len]))
     try:
-        fingerprint = bytes(data[_FIXED.size + key_len : end]).decode("ascii")
+        fingerprint = bytes(data[fixed.size + key_len : end]).decode("ascii")
     except UnicodeDecodeError as exc:
         raise CorruptChunkError("fingerprint is not ASCII") from exc
-    return ChunkHeader(key, fingerprint, payload_len, payload_crc)
+    hint_until: float | None = None
+    if version == 2 and flags & FLAG_DONE:
+        hint_until = 0.0
+    elif version == 2 and flags & FLAG_RETAIN:
+        hint_until = _FIXED.unpack_from(data)[7]
+    return ChunkHeader(
+        key, fingerprint, payload_len, payload_crc, hint_until, end + _CRC.size
+    )
 
 
 def check_header(

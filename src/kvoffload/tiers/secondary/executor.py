@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
@@ -22,14 +22,16 @@ class BatchOutcome(NamedTuple):
     """What one task did: indices of its chunks that failed, bytes moved, which
     of the failed loads turned out gone from the tier (absent or corrupt), not
     merely unreachable, which of the failed stores the tier had no room for
-    (to count as skipped, not as failures), and which stores it found the tier
-    already held (neither moved nor failed)."""
+    (to count as skipped, not as failures), which stores it found the tier
+    already held (neither moved nor failed), and the retention hints the loaded
+    chunks carried (by index: seconds left, or 0)."""
 
     failed: Sequence[int]
     num_bytes: int
     lost: Sequence[int] = ()
     full: Sequence[int] = ()
     held: Sequence[int] = ()
+    hints: Mapping[int, float] | None = None
 
 
 class Task(NamedTuple):
@@ -48,10 +50,20 @@ class ExecutorResult(NamedTuple):
     lost: frozenset[int] = frozenset()
     full: frozenset[int] = frozenset()
     held: frozenset[int] = frozenset()
+    hints: Mapping[int, float] | None = None
 
 
 class _Progress:
-    __slots__ = ("failed", "full", "held", "lost", "num_bytes", "remaining", "start")
+    __slots__ = (
+        "failed",
+        "full",
+        "held",
+        "hints",
+        "lost",
+        "num_bytes",
+        "remaining",
+        "start",
+    )
 
     def __init__(self, remaining: int, start: float) -> None:
         self.remaining = remaining
@@ -60,6 +72,7 @@ class _Progress:
         self.lost: set[int] = set()
         self.full: set[int] = set()
         self.held: set[int] = set()
+        self.hints: dict[int, float] | None = None
         self.num_bytes = 0
 
 
@@ -160,6 +173,10 @@ class JobExecutor:
             progress.full.update(outcome.full)
             progress.held.update(outcome.held)
             progress.num_bytes += outcome.num_bytes
+            if outcome.hints:
+                if progress.hints is None:
+                    progress.hints = {}
+                progress.hints.update(outcome.hints)
             progress.remaining -= 1
             if progress.remaining == 0:
                 self._finished.append(
@@ -171,6 +188,7 @@ class JobExecutor:
                         frozenset(progress.lost),
                         frozenset(progress.full),
                         frozenset(progress.held),
+                        progress.hints,
                     )
                 )
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvoffload.config import shown
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE
 from kvoffload.tiers.secondary.base import Clock, SecondaryTier
 from kvoffload.tiers.secondary.config import FileTierConfig, MemoryTierConfig
 from kvoffload.tiers.secondary.redis_config import RedisTierConfig
@@ -42,11 +43,13 @@ def create_secondary_tier(
     buffer: ChunkBuffer,
     fingerprint: str,
     clock: Clock = time.monotonic,
+    max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
 ) -> SecondaryTier:
     """A tier from `{"type": "file" | "redis" | "memory", ...}`.
 
     `buffer` is the host pool the tier copies from and into; `fingerprint` (see
-    `make_fingerprint`) names the model and layout whose chunks it holds.
+    `make_fingerprint`) names the model and layout whose chunks it holds;
+    `max_hinted_share` is the engine's bound on retention hints (a file tier's).
     """
     if not isinstance(mapping, Mapping):
         raise _not_a_mapping(mapping)
@@ -55,7 +58,11 @@ def create_secondary_tier(
         from kvoffload.tiers.secondary.file_tier import FileTier
 
         return FileTier(
-            FileTierConfig.from_mapping(mapping), buffer, fingerprint, clock
+            FileTierConfig.from_mapping(mapping),
+            buffer,
+            fingerprint,
+            clock,
+            max_hinted_share,
         )
     if tier_type == "redis":
         from kvoffload.tiers.secondary.redis_tier import RedisTier
@@ -85,6 +92,7 @@ def create_secondary_tiers(
     buffer: ChunkBuffer,
     fingerprint: str,
     clock: Clock = time.monotonic,
+    max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
 ) -> list[SecondaryTier]:
     """Tiers in order; names must be unique (events and stats are keyed by name)."""
     if not isinstance(mappings, list | tuple):
@@ -95,7 +103,11 @@ def create_secondary_tiers(
     tiers: list[SecondaryTier] = []
     try:
         for mapping in mappings:
-            tiers.append(create_secondary_tier(mapping, buffer, fingerprint, clock))
+            tiers.append(
+                create_secondary_tier(
+                    mapping, buffer, fingerprint, clock, max_hinted_share
+                )
+            )
             names = [t.name for t in tiers]
             if len(set(names)) != len(names):
                 raise ValueError(

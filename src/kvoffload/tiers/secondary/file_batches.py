@@ -59,7 +59,7 @@ class FileBatches:
             key = job.keys[i]
             views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
-                num_bytes += self._files.write(key, views, recycle.get(i))
+                num_bytes += self._files.write(key, views, recycle.get(i), job.hint(i))
             except DirectoryFullError:
                 # Other engines' files fill the directory: skipped; the
                 # capacity in force now counts them (see `_capacity_in_force`).
@@ -89,17 +89,22 @@ class FileBatches:
         return BatchOutcome(failed, num_bytes, full=full)
 
     def read(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
-        """Read the chunks at `indices`. A file failing a check is deleted and,
-        like a file that is gone, lost; any other error fails the load only."""
+        """Read the chunks at `indices`, with the retention hints their headers
+        hold. A file failing a check is deleted and, like a file that is gone,
+        lost; any other error fails the load only."""
         failed: list[int] = []
         lost: list[int] = []
         errors: list[OSError] = []
+        hints: dict[int, float] = {}
         num_bytes = 0
         for i in indices:
             key = job.keys[i]
             views = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             try:
-                num_bytes += self._files.read(key, views)
+                nbytes, hint = self._files.read_hinted(key, views)
+                num_bytes += nbytes
+                if hint is not None:
+                    hints[i] = hint
             except CorruptChunkError as exc:
                 # Wrong bytes: never loaded, and deleted so it is a miss.
                 logger.warning("%s: dropping chunk %s: %s", self._name, key.hex(), exc)
@@ -127,7 +132,7 @@ class FileBatches:
                 len(indices),
                 errors[0],
             )
-        return BatchOutcome([*failed, *lost], num_bytes, lost)
+        return BatchOutcome([*failed, *lost], num_bytes, lost, hints=hints)
 
     def delete_then_write(
         self,

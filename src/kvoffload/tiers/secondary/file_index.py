@@ -4,16 +4,19 @@ Scheduler-thread bookkeeping only (the I/O threads never touch it). Capacity is 
 bytes; the eviction policy orders chunks. A chunk is *reserved* from the moment a
 store is accepted, *readable* once its file is in place, and *deleting* after
 eviction until its file is gone, so a key is never written while its old file may
-still be removed.
+still be removed. Retention hints order evictions over the policy's own
+(`RetentionPolicy`), as in the primary tier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import EvictionPolicy
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE, RetentionPolicy
 
 
 class Reservation(NamedTuple):
@@ -28,10 +31,16 @@ class FileIndex:
     see `file_space`): nothing is evicted then, the next `reserve` evicts down
     to it."""
 
-    def __init__(self, capacity_bytes: int, policy: EvictionPolicy) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        policy: EvictionPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
+    ) -> None:
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
-        self._policy = policy
+        self._policy = RetentionPolicy(policy, clock, max_hinted_share)
         self._sizes: dict[OffloadKey, int] = {}
         self._writing: set[OffloadKey] = set()
         self._pins: dict[OffloadKey, int] = {}
@@ -156,3 +165,14 @@ class FileIndex:
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         self._policy.touch(keys)
+
+    @property
+    def hints(self) -> RetentionPolicy:
+        """The retention hints of the indexed chunks (`retain`, `note_hit`,
+        counts)."""
+        return self._policy
+
+    def retain(self, key: OffloadKey, hint: float | None) -> None:
+        """Put a reserved or readable chunk under a request's retention hint."""
+        if hint is not None and key in self._sizes:
+            self._policy.retain((key,), hint)

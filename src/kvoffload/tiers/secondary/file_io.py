@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -287,9 +288,12 @@ class ChunkFiles:
         key: OffloadKey,
         payload: Sequence[memoryview],
         recycle: OffloadKey | None = None,
+        hint: float | None = None,
     ) -> int:
         """Write a chunk file atomically; returns the payload bytes written. The
-        payload is the parts' bytes in order (one part per tensor-parallel rank).
+        payload is the parts' bytes in order (one part per tensor-parallel rank);
+        `hint` is its retention hint (seconds from now, 0, or `None`), kept in
+        the header in Unix time.
 
         With `recycle`, the file of that evicted chunk (of the same size) is
         renamed to the temporary name and overwritten in place: no inode or block
@@ -299,7 +303,9 @@ class ChunkFiles:
         path = self.path(key)
         data = [part.cast("B") for part in payload]
         nbytes = sum(len(part) for part in data)
-        header = encode_header(key, self.fingerprint, nbytes, payload_checksum(data))
+        header = encode_header(
+            key, self.fingerprint, nbytes, payload_checksum(data), hint, time.time()
+        )
         buffers = [self._header_page(key, header), *data]
         size = sum(len(b) for b in buffers)
         direct = self._use_direct(data)
@@ -380,8 +386,15 @@ class ChunkFiles:
         return fd
 
     def read(self, key: OffloadKey, dest: Sequence[memoryview]) -> int:
+        """`read_hinted`'s payload bytes."""
+        return self.read_hinted(key, dest)[0]
+
+    def read_hinted(
+        self, key: OffloadKey, dest: Sequence[memoryview]
+    ) -> tuple[int, float | None]:
         """Fill `dest`, in order, with the chunk's payload and check header and
-        checksum.
+        checksum; returns the payload bytes and the retention hint the header
+        holds now (seconds left, 0, or `None`; a file of format 1 has none).
 
         The lengths of `dest` sum to the expected payload length. Raises
         `CorruptChunkError` for a file that fails any check (the caller deletes
@@ -414,7 +427,7 @@ class ChunkFiles:
         header = decode_header(head)
         check_header(header, key, self.fingerprint, nbytes)
         check_payload(header, payload)
-        return nbytes
+        return nbytes, header.hint_left(time.time())
 
     def _open_for_reading(self, path: str, direct: bool) -> int:
         return self._open(partial(open_file, path), os.O_RDONLY, direct)

@@ -4,7 +4,13 @@ Stores and loads run on a thread pool that writes from, and reads into, the host
 slots directly. The index lives on the scheduler thread and is rebuilt from the
 directory at start, so a restarted process finds the chunks of the previous run;
 with `rescan_interval_s`, engines sharing the directory also find each other's.
-A chunk failing any check on load is a miss and its file is deleted; something
+Chunks keep their retention hints: the index orders evictions by them, and
+each file's header holds its hint in Unix time, so a load (by this engine, after
+a restart, or by another engine sharing the directory) hands it back to the
+primary tier. The index itself starts unhinted at a restart or for files other
+engines wrote: hints are meant for minutes, and reading every header at start
+would cost a read per file. A chunk failing any check on load is a miss and its
+file is deleted; something
 other than a regular file at its path (a FIFO, say) is a miss and is left in
 place; a file that cannot be read for another reason (no free descriptors, say)
 fails that load only. A disk that runs out of space lowers the tier's capacity
@@ -21,6 +27,7 @@ from functools import partial
 
 from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.policies import create_policy
+from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE
 from kvoffload.tiers.base import (
     LookupResult,
     ReqContext,
@@ -98,6 +105,7 @@ class FileTier(SecondaryTier):
         buffer: ChunkBuffer,
         fingerprint: str,
         clock: Clock = time.monotonic,
+        max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
     ) -> None:
         super().__init__(
             config.name,
@@ -126,6 +134,8 @@ class FileTier(SecondaryTier):
         self._index = FileIndex(
             config.capacity_bytes,
             create_policy(config.eviction_policy, self._capacity_chunks),
+            clock,
+            max_hinted_share,
         )
         self._executor = JobExecutor(config.name, config.num_threads)
         # Rescans get a thread of their own: a walk of a large shared directory
@@ -304,6 +314,7 @@ class FileTier(SecondaryTier):
                 refused.append(key)
                 continue
             started.append(i)
+            self._index.retain(key, job.hint(i))
             if spare.get(size):
                 recycle[i] = spare[size].pop()
         self._stats.store_skipped += len(refused)
@@ -340,6 +351,7 @@ class FileTier(SecondaryTier):
                 started.append(i)
             else:
                 refused.append(key)
+        self._index.hints.note_hit([job.keys[i] for i in started])
         self._jobs[job.job_id] = _JobRecord(job, False, tuple(started), tuple(refused))
         tasks = [
             Task(batch, partial(self._io.read, job, batch))
@@ -412,8 +424,11 @@ class FileTier(SecondaryTier):
         stats.bytes_loaded += result.num_bytes
         stats.failures += len(failed)
         stats.transfer_seconds += result.seconds
+        hints = None
+        if result.hints:
+            hints = {keys[i]: hint for i, hint in result.hints.items()}
         return TierJobResult(
-            record.job.job_id, failed, result.num_bytes, result.seconds
+            record.job.job_id, failed, result.num_bytes, result.seconds, hints
         )
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
@@ -448,8 +463,13 @@ class FileTier(SecondaryTier):
         self._files.close()
 
     def get_stats(self) -> TierStats:
+        hints = self._index.hints
         return replace(
             self._stats,
             occupancy=self._index.num_readable,
             capacity=self.capacity_bytes // self._largest,
+            hinted_chunks=hints.num_hinted(),
+            hints_honoured=hints.counts.honoured,
+            hints_expired_unused=hints.counts.expired_unused,
+            hints_dropped=hints.counts.dropped,
         )

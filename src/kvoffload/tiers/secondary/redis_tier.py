@@ -2,7 +2,10 @@
 
 Keys are `<prefix>:<fingerprint>:<key hex>`; values are the chunk header followed by
 the payload (never pickle). Capacity is the server's (`maxmemory` with an LRU
-policy, and `ttl_s` if set). Stores and loads are pipelined batches on a thread
+policy, and `ttl_s` if set). Retention hints: the header holds a chunk's hint
+(format 2, in Unix time), so whichever engine loads it hands it to its primary
+tier; with `ttl_s`, a held chunk lives at least until its hint ends; a chunk
+hinted 0 is not sent (the server's LRU cannot be told to take it first). Stores and loads are pipelined batches on a thread
 pool.
 
 Lookups are asynchronous: an unknown key answers `RETRY` and joins a batch of
@@ -68,7 +71,6 @@ from kvoffload.tiers.secondary.codec import (
     check_payload,
     decode_header,
     encode_header,
-    header_size,
     payload_checksum,
     validate_fingerprint,
 )
@@ -254,8 +256,15 @@ class RedisTier(SecondaryTier):
         held = frozenset(
             i for i, key in enumerate(job.keys) if self._believed_present(key, now)
         )
-        every = list(range(len(job.keys)))
-        self._start(job, True, every, partial(self._store_batch, held))
+        # A chunk hinted 0 is not sent: no request will share it, and a remote
+        # store is where keeping it costs most (the network, a shared server's
+        # memory); the server's LRU cannot be told to take it first.
+        done = [i for i in range(len(job.keys)) if job.hint(i) == 0]
+        if done:
+            self._stats.store_skipped += len(done)
+        every = [i for i in range(len(job.keys)) if job.hint(i) != 0]
+        refused = tuple(job.keys[i] for i in done)
+        self._start(job, True, every, partial(self._store_batch, held), refused)
 
     def _believed_present(self, key: OffloadKey, now: float) -> bool:
         known = self._known.get(key)
@@ -279,8 +288,9 @@ class RedisTier(SecondaryTier):
         is_store: bool,
         started: list[int],
         run: Callable[[TierJob, tuple[int, ...]], BatchOutcome],
+        refused: tuple[OffloadKey, ...] = (),
     ) -> None:
-        record = _JobRecord(job, is_store, tuple(started), (), self._clock())
+        record = _JobRecord(job, is_store, tuple(started), refused, self._clock())
         self._jobs[job.job_id] = record
         tasks, batch, batch_bytes = [], [], 0
         for i in started:
@@ -329,11 +339,15 @@ class RedisTier(SecondaryTier):
             for key in failed:
                 self._remember(key, 0.0, now)
             self._record_event([keys[i] for i in sorted(result.lost)], True)
+        hints = None
+        if result.hints:
+            hints = {keys[i]: hint for i, hint in result.hints.items()}
         return TierJobResult(
             record.job.job_id,
             (*record.refused, *failed),
             result.num_bytes,
             result.seconds,
+            hints,
         )
 
     # -- on I/O threads ----------------------------------------------------------
@@ -388,12 +402,13 @@ class RedisTier(SecondaryTier):
         pipe = self._link.client.pipeline(transaction=False)
         for i in checked:
             name = self.redis_key(job.keys[i])
-            if self._ttl_ms is None:
+            px = self._px(job.hint(i))
+            if px is None:
                 # Not TOUCH: a cluster pipeline drops its reply (redis-py 8.1);
                 # not EXISTS: it leaves the LRU clock as it is.
                 pipe.strlen(name)
             else:
-                pipe.pexpire(name, self._ttl_ms)
+                pipe.pexpire(name, px)
         replies = self._link.execute(pipe)
         return [
             i
@@ -410,9 +425,11 @@ class RedisTier(SecondaryTier):
             key = job.keys[i]
             parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             n = sum(len(part) for part in parts)
-            header = encode_header(key, self._fingerprint, n, payload_checksum(parts))
+            hint = job.hint(i)
+            crc = payload_checksum(parts)
+            header = encode_header(key, self._fingerprint, n, crc, hint, time.time())
             value = b"".join((header, *parts))  # one allocation, one copy each
-            pipe.set(self.redis_key(key), value, px=self._ttl_ms)
+            pipe.set(self.redis_key(key), value, px=self._px(hint))
             sizes.append(n)
         replies = self._link.execute(pipe)
         failed, full, num_bytes = [], [], 0
@@ -441,7 +458,9 @@ class RedisTier(SecondaryTier):
             self._link.succeeded()
         failed: list[int] = []
         corrupt: list[str] = []
+        hints: dict[int, float] = {}
         num_bytes = 0
+        now = time.time()
         for i, name, value in zip(indices, names, values, strict=True):
             if value is None:
                 failed.append(i)  # evicted, expired or never there: gone
@@ -451,7 +470,7 @@ class RedisTier(SecondaryTier):
             try:
                 header = decode_header(value)
                 check_header(header, key, self._fingerprint, n)
-                payload = memoryview(value)[header_size(len(key), self._fingerprint) :]
+                payload = memoryview(value)[header.size :]
                 check_payload(header, (payload,))
             except CorruptChunkError as exc:
                 logger.warning("%s: dropping chunk %s: %s", self.name, name, exc)
@@ -462,6 +481,9 @@ class RedisTier(SecondaryTier):
                 payload, self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             )
             num_bytes += n
+            hint = header.hint_left(now)
+            if hint is not None:
+                hints[i] = hint
         if corrupt:
             try:
                 self._link.client.delete(*corrupt)
@@ -474,7 +496,15 @@ class RedisTier(SecondaryTier):
                 # A server that stopped answering since the MGET is down for
                 # the jobs queued behind this one too.
                 self._link.call_failed(exc)
-        return BatchOutcome(failed, num_bytes, failed)
+        return BatchOutcome(failed, num_bytes, failed, hints=hints)
+
+    def _px(self, hint: float | None) -> int | None:
+        """A value's expiry in ms: `ttl_s`, extended to the hint's end. Without
+        `ttl_s` none: a TTL would make the value volatile, the first to go
+        under the `volatile-*` eviction policies."""
+        if self._ttl_ms is None or hint is None:
+            return self._ttl_ms
+        return max(self._ttl_ms, math.ceil(hint * 1000))
 
     def _get_values(self, names: list[str]) -> list[bytes | None]:
         client = self._link.client

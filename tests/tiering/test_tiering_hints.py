@@ -1,0 +1,202 @@
+"""Retention hints travel with chunks: cascaded to the file and Redis tiers,
+honoured there, and handed back to host memory by a promotion; chunks written in
+the format before hints still load."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import redis
+
+from kvoffload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
+from kvoffload.tiering import TieringManager
+from kvoffload.tiers.secondary import (
+    ArrayChunkBuffer,
+    FileTier,
+    FileTierConfig,
+    RedisTierConfig,
+    codec,
+)
+from kvoffload.tiers.secondary.file_io import payload_offset
+from kvoffload.tiers.secondary.redis_server import RedisServer
+from kvoffload.tiers.secondary.redis_tier import RedisTier
+from tests.tiering.tiering_support import (
+    FINGERPRINT,
+    SLOT,
+    Clock,
+    Engine,
+    key,
+    keys,
+    payload,
+)
+
+FILE = payload_offset(36, FINGERPRINT) + SLOT
+"""Bytes of one chunk file."""
+
+
+def hinted(req_id: str, seconds: float | None) -> ReqContext:
+    params = None if seconds is None else {"kv_retention_s": seconds}
+    return ReqContext.create(req_id, params)
+
+
+def file_stack(
+    path: Path, capacity: int, num_chunks: int = 8
+) -> tuple[TieringManager, Engine, FileTier]:
+    clock = Clock()
+    buf = ArrayChunkBuffer(num_chunks, SLOT)
+    tier = FileTier(
+        FileTierConfig(str(path), capacity),
+        buf,
+        FINGERPRINT,
+        clock,
+        max_hinted_share=1.0,
+    )
+    primary = CPUOffloadingManager(num_chunks, max_hinted_share=1.0, clock=clock)
+    manager = TieringManager(primary, [tier], clock=clock)
+    return manager, Engine(manager, buf), tier
+
+
+def v1_chunk(k: OffloadKey, data: bytes, fingerprint: str) -> bytes:
+    """A header as format 1 wrote it (before retention hints)."""
+    fp = fingerprint.encode()
+    crc = codec.payload_checksum([data])
+    head = struct.pack("<4sHHHHQI", b"KVOC", 1, 0, len(k), len(fp), len(data), crc)
+    head += k + fp
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def promote(manager: TieringManager, engine: Engine, k: OffloadKey) -> None:
+    reader = ReqContext("reader")
+    manager.on_new_request(reader)
+    assert engine.lookup_until_known(k, reader) is LookupResult.HIT
+    engine.load([k], reader)
+
+
+def test_a_hint_cascades_to_the_file_tier_and_comes_back_with_a_promotion(
+    tmp_path: Path,
+) -> None:
+    """Scenario: a request held for 60 s stores two chunks; the file tier holds
+    them under the hint and writes it in their headers; after a restart, a
+    promotion hands the hint back to host memory."""
+    m, engine, tier = file_stack(tmp_path, 8 * FILE)
+    writer = hinted("w", 60)
+    m.on_new_request(writer)
+    engine.store(keys(1, 2), writer)
+    engine.settle()
+    assert m.get_stats()["file"].hinted_chunks == 2
+    with open(tier.chunk_path(key(1)), "rb") as f:
+        left = codec.decode_header(f.read(4096)).hint_left(time.time())
+    assert left is not None and 55 < left <= 60
+    m.shutdown()
+
+    again, engine2, _ = file_stack(tmp_path, 8 * FILE)  # a restart: index unhinted
+    assert again.get_stats()["file"].hinted_chunks == 0
+    promote(again, engine2, key(1))
+    hint = again.primary.hints_of(keys(1))
+    assert hint is not None and hint[0] is not None and 55 < hint[0] <= 60
+    assert again.get_stats()["file"].chunks_loaded == 1
+    again.shutdown()
+
+
+def test_the_file_tier_evicts_chunks_hinted_0_first(tmp_path: Path) -> None:
+    """Scenario: a file tier of 4 chunk files holds two unhinted chunks, then
+    two of a last turn (hint 0); the next two stores take the last turn's."""
+    m, engine, tier = file_stack(tmp_path, 4 * FILE)
+    for ids, ctx in (([1, 2], hinted("a", None)), ([3, 4], hinted("last", 0))):
+        m.on_new_request(ctx)
+        engine.store(keys(*ids), ctx)
+        engine.settle()
+    later = hinted("b", None)
+    m.on_new_request(later)
+    engine.store(keys(5, 6), later)
+    engine.settle()
+    files = {k: os.path.exists(tier.chunk_path(k)) for k in keys(1, 2, 3, 4, 5, 6)}
+    assert files == dict(
+        zip(keys(1, 2, 3, 4, 5, 6), [True, True, False, False, True, True], strict=True)
+    )
+    m.shutdown()
+
+
+def test_a_chunk_file_of_the_format_before_hints_still_loads(tmp_path: Path) -> None:
+    m, _, tier = file_stack(tmp_path, 8 * FILE)
+    path = tier.chunk_path(key(7))
+    m.shutdown()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = payload(key(7), SLOT)
+    head = v1_chunk(key(7), data, FINGERPRINT)
+    with open(path, "wb") as f:
+        f.write(head + bytes(payload_offset(36, FINGERPRINT) - len(head)) + data)
+    restarted, engine, _ = file_stack(tmp_path, 8 * FILE)
+    promote(restarted, engine, key(7))  # Engine.load checks the bytes
+    assert restarted.primary.hints_of(keys(7)) in (None, (None,))
+    restarted.shutdown()
+
+
+def redis_stack(
+    url: str, ttl_s: float | None = None
+) -> tuple[TieringManager, Engine, RedisTier]:
+    clock = Clock()
+    buf = ArrayChunkBuffer(8, SLOT)
+    tier = RedisTier(RedisTierConfig(url, ttl_s=ttl_s), buf, "fp-redis", clock)
+    primary = CPUOffloadingManager(8, max_hinted_share=1.0, clock=clock)
+    manager = TieringManager(primary, [tier], clock=clock)
+    return manager, Engine(manager, buf), tier
+
+
+def test_a_redis_value_holds_its_hint_and_outlives_ttl_s_while_held(
+    redis_server: RedisServer,
+) -> None:
+    """Scenario: with `ttl_s` 30, a chunk held for 600 s gets a 600 s expiry
+    and its hint in the value; another engine loading it takes the hint. A
+    chunk hinted 0 is not sent at all."""
+    a, engine_a, tier = redis_stack(redis_server.url, ttl_s=30)
+    held, done = hinted("held", 600), hinted("done", 0)
+    for ctx, ids in ((held, [1]), (done, [2])):
+        a.on_new_request(ctx)
+        engine_a.store(keys(*ids), ctx)
+    engine_a.settle()
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.pttl(tier.redis_key(key(1))) > 590_000
+    assert client.exists(tier.redis_key(key(2))) == 0
+    assert a.get_stats()["redis"].store_skipped == 1
+    b, engine_b, _ = redis_stack(redis_server.url, ttl_s=30)
+    promote(b, engine_b, key(1))
+    hint = b.primary.hints_of(keys(1))
+    assert hint is not None and hint[0] is not None and 590 < hint[0] <= 600
+    a.shutdown()
+    b.shutdown()
+
+
+def test_a_redis_value_of_the_format_before_hints_still_loads(
+    redis_server: RedisServer,
+) -> None:
+    m, engine, tier = redis_stack(redis_server.url)
+    data = payload(key(3), SLOT)
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(tier.redis_key(key(3)), v1_chunk(key(3), data, "fp-redis") + data)
+    promote(m, engine, key(3))  # Engine.load checks the bytes
+    assert m.primary.hints_of(keys(3)) is None
+    m.shutdown()
+
+
+@pytest.mark.parametrize("seconds", [30.0, 0.0])
+def test_a_cascade_carries_the_hint_the_primary_tier_holds_now(
+    tmp_path: Path, seconds: float
+) -> None:
+    """Scenario: a chunk held for 30 s (or hinted 0) is cascaded: the file's
+    header holds that hint, and the file tier counts a held chunk for 30 s."""
+    m, engine, tier = file_stack(tmp_path, 8 * FILE)
+    ctx = hinted("w", seconds)
+    m.on_new_request(ctx)
+    engine.store(keys(1), ctx)
+    engine.settle()
+    with open(tier.chunk_path(key(1)), "rb") as f:
+        left = codec.decode_header(f.read(4096)).hint_left(time.time())
+    assert left == pytest.approx(seconds, abs=5)
+    assert m.get_stats()["file"].hinted_chunks == (1 if seconds else 0)
+    m.shutdown()
