@@ -1,0 +1,164 @@
+"""Retention hints in the planner (`kvoffload replay --hints MODE`): derived from
+the trace, labelled in the report, and with `none` every figure as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvoffload.cli import main as kvoffload_main
+from kvoffload.replay import load_mooncake
+from kvoffload.replay.hints import next_turn_gaps, parse_hint_mode
+
+from .test_tiered_replay import BEFORE, FIELDS
+
+
+def _trace(path: Path) -> Path:
+    """Two conversations sharing block 0 (as every request of the bundled trace
+    does): A at 0 s, 30 s, 50 s; B at 10 s and 60 s."""
+    lines = [
+        (0, [0, 1, 2]),
+        (10_000, [0, 5]),
+        (30_000, [0, 1, 2, 3]),
+        (50_000, [0, 1, 2, 3, 4]),
+        (60_000, [0, 5, 6]),
+    ]
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": t,
+                    "input_length": 512 * len(ids) - 100,
+                    "output_length": 4,
+                    "hash_ids": ids,
+                }
+            )
+            + "\n"
+            for t, ids in lines
+        )
+    )
+    return path
+
+
+def test_a_next_turn_is_the_next_request_to_extend_the_prompt(tmp_path: Path) -> None:
+    workload = load_mooncake(_trace(tmp_path / "t.jsonl"), time_scale=1.0)
+    assert next_turn_gaps(workload) == [30.0, 50.0, 20.0, None, None]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("none", None),
+        ("oracle", (30.0, 50.0, 20.0, 0.0, 0.0)),
+        ("session:100", (100.0, 100.0, 100.0, 0.0, 0.0)),
+        ("noisy:0:100", (100.0, 100.0, 100.0, 0.0, 0.0)),
+        ("noisy:1:100", (0.0, 0.0, 0.0, 100.0, 100.0)),
+        ("all:7", (7.0,) * 5),
+    ],
+)
+def test_each_mode_gives_each_request_its_hint(
+    tmp_path: Path, mode: str, expected: tuple[float, ...] | None
+) -> None:
+    workload = load_mooncake(_trace(tmp_path / "t.jsonl"), time_scale=1.0)
+    assert parse_hint_mode(mode).hints(workload) == expected
+
+
+def test_noisy_flips_about_p_of_the_decisions_and_always_the_same_ones() -> None:
+    from kvoffload.replay.synthetic import synthetic
+
+    workload = synthetic("synth-chat")
+    session = parse_hint_mode("session:60").hints(workload)
+    noisy = parse_hint_mode("noisy:0.2:60").hints(workload)
+    assert session is not None and noisy is not None
+    flipped = sum(a != b for a, b in zip(session, noisy, strict=True))
+    assert 0.15 < flipped / len(session) < 0.25
+    assert parse_hint_mode("noisy:0.2:60").hints(workload) == noisy
+
+
+BAD_MODES = ["sometimes", "oracle:5", "session", "session:0", "session:-1",
+             "session:nan", "session:inf", "all:1e12", "noisy:1.5", "noisy:x:5",
+             "noisy:0.1:0", "none:3"]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", BAD_MODES)
+def test_a_bad_mode_is_refused_at_the_command_line(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        kvoffload_main(["replay", "--workload", "synth-chat", "--hints", bad])
+    assert exited.value.code == 2
+    assert "is not a hint mode" in capsys.readouterr().err
+
+
+def test_a_bad_max_hinted_share_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("1.5", "-0.1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            kvoffload_main(["replay", "--workload", "synth-chat",
+                            "--max-hinted-share", bad])  # fmt: skip
+        assert "--max-hinted-share" in capsys.readouterr().err
+
+
+def test_with_hints_none_every_figure_is_as_it_was(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["replay", "--workload", "synth-chat", "--limit", "1500", "--jobs", "1",
+            "--capacity-chunks", "300", "3000", "--policy", "lru", "--policy",
+            "split", "--json", "--hints", "none"]  # fmt: skip
+    assert kvoffload_main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = [r for r in records if r["policy"] in ("lru", "split")]
+    assert len(runs) == 4
+    for record in runs:
+        expected = BEFORE[(record["policy"], record["capacity_chunks"])]
+        assert tuple(record[f] for f in FIELDS) == expected
+        assert "hints" not in record and "hinted" not in record
+
+
+def _replay(mode: str, capsys: pytest.CaptureFixture[str], *extra: str) -> float:
+    argv = ["replay", "--workload", "synth-chat", "--limit", "1500", "--jobs", "1",
+            "--capacity-chunks", "300", "--policy", "lru", "--json",
+            "--hints", mode, *extra]  # fmt: skip
+    assert kvoffload_main(argv) == 0
+    (record,) = [
+        json.loads(line)
+        for line in capsys.readouterr().out.splitlines()
+        if '"lru"' in line
+    ]
+    if mode == "none":
+        assert "hints" not in record
+    else:
+        assert record["hints"] == parse_hint_mode(mode).label
+        assert (record["hinted"]["honoured"] > 0) == ("0" not in extra)
+    return float(record["hit_ratio"])
+
+
+def test_hints_that_know_the_conversations_keep_what_they_need(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    none = _replay("none", capsys)
+    assert _replay("oracle", capsys) > none + 0.02
+    assert _replay("session:600", capsys) > none
+    # The lazy application: every request claims an hour; the bound keeps the
+    # cache from doing worse than without hints.
+    assert _replay("all:3600", capsys) >= none - 0.005
+    # No room for positive hints: only the 0s of last turns count, the same
+    # whatever the positive hints said.
+    off = ("--max-hinted-share", "0")
+    assert _replay("oracle", capsys, *off) == _replay("session:600", capsys, *off)
+
+
+def test_the_report_says_which_mode_ran(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["replay", "--workload", "synth-chat", "--limit", "300", "--jobs", "1",
+            "--capacity-chunks", "100", "--policy", "lru", "--hints", "session:60"]  # fmt: skip
+    assert kvoffload_main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "retention hints session:60" in out
+
+
+def test_a_fleet_refuses_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        kvoffload_main(["replay", "--workload", "synth-chat", "--engines", "2",
+                        "--hints", "oracle"])  # fmt: skip
+    assert "--hints" in capsys.readouterr().err
