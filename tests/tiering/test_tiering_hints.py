@@ -200,3 +200,22 @@ def test_a_cascade_carries_the_hint_the_primary_tier_holds_now(
     assert left == pytest.approx(seconds, abs=5)
     assert m.get_stats()["file"].hinted_chunks == (1 if seconds else 0)
     m.shutdown()
+
+
+@pytest.mark.parametrize("seconds", [1e300, 1e12])
+def test_a_redis_value_under_a_hint_of_ages_is_stored_with_a_bounded_expiry(
+    redis_server: RedisServer, seconds: float
+) -> None:
+    """Scenario: with `ttl_s` set, a request claims a hint longer than any
+    expiry the server accepts (a finite number, so a valid hint): the value is
+    stored, living as long as the server allows, not failed."""
+    m, engine, tier = redis_stack(redis_server.url, ttl_s=30)
+    ctx = hinted("ages", seconds)
+    m.on_new_request(ctx)
+    engine.store(keys(1), ctx)
+    engine.settle()
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.pttl(tier.redis_key(key(1))) > 30_000
+    stats = m.get_stats()["redis"]
+    assert (stats.chunks_stored, stats.failures) == (1, 0)
+    m.shutdown()

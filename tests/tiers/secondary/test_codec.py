@@ -111,3 +111,32 @@ def test_a_payload_in_parts_checks_as_the_joined_bytes() -> None:
     codec.check_payload(header, parts)
     with pytest.raises(codec.CorruptChunkError, match="checksum"):
         codec.check_payload(header, [PAYLOAD[700:], PAYLOAD[:700]])
+
+
+def with_deadline(until: float) -> bytes:
+    """A format-2 header holding the deadline `until` (flags: held), its own
+    checksum recomputed: what a faulty writer, not a flipped bit, would leave."""
+    head = bytearray(codec.encode_header(key(1), FP, 8, 0, 60.0, 1000.0))
+    fixed = struct.Struct("<4sHHHHQId")
+    fields = list(fixed.unpack_from(head))
+    fields[7] = until
+    fixed.pack_into(head, 0, *fields)
+    end = fixed.size + len(key(1)) + len(FP)
+    struct.pack_into("<I", head, end, zlib.crc32(head[:end]))
+    return bytes(head)
+
+
+@pytest.mark.parametrize(
+    "until", [float("inf"), float("-inf"), float("nan"), -5.0, 0.0, -0.0]
+)
+def test_a_deadline_that_is_no_time_reads_as_no_hint(until: float) -> None:
+    """A deadline that is not a finite Unix time in the future (with a valid
+    checksum) is no hint: the chunk loads unhinted, never held forever."""
+    header = codec.decode_header(with_deadline(until))
+    assert header.hint_left(2000.0) is None
+
+
+def test_a_hint_that_is_no_number_is_not_written() -> None:
+    for hint in (float("inf"), float("nan"), -1.0):
+        header = codec.decode_header(codec.encode_header(key(1), FP, 8, 0, hint, 1.0))
+        assert header.hint_until is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import struct
 import zlib
@@ -72,7 +73,7 @@ class ChunkHeader(NamedTuple):
         if until is None or until == 0.0:
             return until
         left = until - now
-        return left if left > 0 else None
+        return left if 0 < left < math.inf else None
 
 
 def validate_fingerprint(fingerprint: object) -> str:
@@ -121,8 +122,10 @@ def encode_header(
     one (seconds from Unix time `now`, 0, or `None`)."""
     fp = fingerprint.encode("ascii")
     flags, until = 0, 0.0
-    if hint is not None:
-        flags, until = (FLAG_RETAIN, now + hint) if hint > 0 else (FLAG_DONE, 0.0)
+    if hint is not None and hint > 0 and now + hint < math.inf:
+        flags, until = FLAG_RETAIN, now + hint
+    elif hint == 0:
+        flags = FLAG_DONE
     head = (
         _FIXED.pack(
             MAGIC,
@@ -169,7 +172,10 @@ def decode_header(data: bytes | memoryview) -> ChunkHeader:
     if version == 2 and flags & FLAG_DONE:
         hint_until = 0.0
     elif version == 2 and flags & FLAG_RETAIN:
-        hint_until = _FIXED.unpack_from(data)[7]
+        until = _FIXED.unpack_from(data)[7]
+        # A checksum guards against flipped bits, not a faulty writer: a
+        # deadline that is no time after the epoch (NaN, inf, <= 0) is no hint.
+        hint_until = until if 0 < until < math.inf else None
     return ChunkHeader(
         key, fingerprint, payload_len, payload_crc, hint_until, end + _CRC.size
     )

@@ -87,6 +87,9 @@ from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
 
+_LONGEST_EXPIRY_MS = 2**42
+"""About 139 years: the longest expiry a hint gives a value."""
+
 _MAX_KNOWN_KEYS = 200_000
 _MAX_LOOKUP_BATCH = 1024
 
@@ -504,7 +507,9 @@ class RedisTier(SecondaryTier):
         under the `volatile-*` eviction policies."""
         if self._ttl_ms is None or hint is None:
             return self._ttl_ms
-        return max(self._ttl_ms, math.ceil(hint * 1000))
+        # A hint is any finite number of seconds; the server refuses an expiry
+        # past its clock's range (a whole batch's SET, not just this value).
+        return max(self._ttl_ms, math.ceil(min(hint * 1000, _LONGEST_EXPIRY_MS)))
 
     def _get_values(self, names: list[str]) -> list[bytes | None]:
         client = self._link.client
