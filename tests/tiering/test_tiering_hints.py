@@ -45,9 +45,9 @@ def hinted(req_id: str, seconds: float | None) -> ReqContext:
 
 
 def file_stack(
-    path: Path, capacity: int, num_chunks: int = 8
+    path: Path, capacity: int, num_chunks: int = 8, clock: Clock | None = None
 ) -> tuple[TieringManager, Engine, FileTier]:
-    clock = Clock()
+    clock = clock or Clock()
     buf = ArrayChunkBuffer(num_chunks, SLOT)
     tier = FileTier(
         FileTierConfig(str(path), capacity),
@@ -218,4 +218,26 @@ def test_a_redis_value_under_a_hint_of_ages_is_stored_with_a_bounded_expiry(
     assert client.pttl(tier.redis_key(key(1))) > 30_000
     stats = m.get_stats()["redis"]
     assert (stats.chunks_stored, stats.failures) == (1, 0)
+    m.shutdown()
+
+
+def test_a_returning_request_renews_its_prefixs_hint_in_the_file_tier(
+    tmp_path: Path,
+) -> None:
+    """Scenario: a turn held for 60 s cascades two chunks to the file tier; 50 s
+    later the next turn, held for 60 s too, hits that prefix (a touch): 20 s
+    after it the file tier still holds both under a hint, none expired."""
+    clock = Clock()
+    m, engine, _ = file_stack(tmp_path, 8 * FILE, clock=clock)
+    first = hinted("turn1", 60)
+    m.on_new_request(first)
+    engine.store(keys(1, 2), first)
+    engine.settle()
+    clock.advance(50)
+    second = hinted("turn2", 60)
+    m.on_new_request(second)
+    m.touch(keys(1, 2), second)
+    clock.advance(20)
+    stats = m.get_stats()["file"]
+    assert (stats.hinted_chunks, stats.hints_expired_unused) == (2, 0)
     m.shutdown()

@@ -172,7 +172,9 @@ class FileIndex:
         counts)."""
         return self._policy
 
-    def retain(self, key: OffloadKey, hint: float | None) -> None:
-        """Put a reserved or readable chunk under a request's retention hint."""
-        if hint is not None and key in self._sizes:
-            self._policy.retain((key,), hint)
+    def retain(self, keys: Sequence[OffloadKey], hint: float | None) -> None:
+        """Put the reserved or readable `keys` (prefix order) under a request's
+        retention hint (seconds from now, 0, or `None`: nothing changes)."""
+        if hint is not None:
+            sizes = self._sizes
+            self._policy.retain([k for k in keys if k in sizes], hint)

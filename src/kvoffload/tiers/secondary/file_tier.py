@@ -314,7 +314,7 @@ class FileTier(SecondaryTier):
                 refused.append(key)
                 continue
             started.append(i)
-            self._index.retain(key, job.hint(i))
+            self._index.retain((key,), job.hint(i))
             if spare.get(size):
                 recycle[i] = spare[size].pop()
         self._stats.store_skipped += len(refused)
@@ -432,7 +432,11 @@ class FileTier(SecondaryTier):
         )
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        """Recency, and the request's retention hint from now, as in the
+        primary tier: a conversation that comes back renews its prefix's hint
+        in every tier, not only in host memory."""
         self._index.touch(keys)
+        self._index.retain(keys, ctx.params.retention_s)
 
     def has_pending_work(self) -> bool:
         # Files evicted for a rescan's finds, not yet reported deleted: their
