@@ -33,6 +33,7 @@ from tests.tiering.tiering_support import (
     key,
     keys,
     payload,
+    wait_until,
 )
 
 FILE = payload_offset(36, FINGERPRINT) + SLOT
@@ -45,12 +46,16 @@ def hinted(req_id: str, seconds: float | None) -> ReqContext:
 
 
 def file_stack(
-    path: Path, capacity: int, num_chunks: int = 8, clock: Clock | None = None
+    path: Path,
+    capacity: int,
+    num_chunks: int = 8,
+    clock: Clock | None = None,
+    rescan_interval_s: float = 0,
 ) -> tuple[TieringManager, Engine, FileTier]:
     clock = clock or Clock()
     buf = ArrayChunkBuffer(num_chunks, SLOT)
     tier = FileTier(
-        FileTierConfig(str(path), capacity),
+        FileTierConfig(str(path), capacity, rescan_interval_s=rescan_interval_s),
         buf,
         FINGERPRINT,
         clock,
@@ -94,8 +99,7 @@ def test_a_hint_cascades_to_the_file_tier_and_comes_back_with_a_promotion(
     assert left is not None and 55 < left <= 60
     m.shutdown()
 
-    again, engine2, _ = file_stack(tmp_path, 8 * FILE)  # a restart: index unhinted
-    assert again.get_stats()["file"].hinted_chunks == 0
+    again, engine2, _ = file_stack(tmp_path, 8 * FILE)  # a restart
     promote(again, engine2, key(1))
     hint = again.primary.hints_of(keys(1))
     assert hint is not None and hint[0] is not None and 55 < hint[0] <= 60
@@ -241,3 +245,92 @@ def test_a_returning_request_renews_its_prefixs_hint_in_the_file_tier(
     stats = m.get_stats()["file"]
     assert (stats.hinted_chunks, stats.hints_expired_unused) == (2, 0)
     m.shutdown()
+
+
+def hinted_chunks(m: TieringManager, engine: Engine, n: int) -> None:
+    """Step until the file tier holds `n` chunks under a hint (its headers are
+    read on its rescan thread)."""
+    wait_until(lambda: m.get_stats()["file"].hinted_chunks == n, engine.step)
+
+
+def test_a_restarted_file_tier_takes_the_hints_its_files_hold(
+    tmp_path: Path,
+) -> None:
+    """Scenario: a file tier of 4 chunk files holds two chunks held for 60 s,
+    one hinted 0 and one unhinted, the held ones written first (the oldest
+    files); after a restart, storing two more chunks evicts the one hinted 0
+    and the unhinted one, not the held ones."""
+    m, engine, _ = file_stack(tmp_path, 4 * FILE)
+    for ids, ctx in (
+        ([1, 2], hinted("held", 60)),
+        ([3], hinted("last", 0)),
+        ([4], hinted("plain", None)),
+    ):
+        m.on_new_request(ctx)
+        engine.store(keys(*ids), ctx)
+        engine.settle()
+    m.shutdown()
+
+    again, engine2, tier = file_stack(tmp_path, 4 * FILE)
+    hinted_chunks(again, engine2, 2)
+    later = hinted("later", None)
+    again.on_new_request(later)
+    engine2.store(keys(5, 6), later)
+    engine2.settle()
+    files = [os.path.exists(tier.chunk_path(k)) for k in keys(1, 2, 3, 4, 5, 6)]
+    assert files == [True, True, False, False, True, True]
+    again.shutdown()
+
+
+def test_a_restart_takes_no_hint_from_an_expired_or_unreadable_header(
+    tmp_path: Path,
+) -> None:
+    """Scenario: of three files held for 60 s, one's hint ended before the
+    restart, another's header is garbage: after the restart only the third is
+    held, and the garbled one is a miss when loaded, never a crash."""
+    m, engine, tier = file_stack(tmp_path, 8 * FILE)
+    ctx = hinted("short", 60)
+    m.on_new_request(ctx)
+    engine.store(keys(1, 2, 3), ctx)
+    engine.settle()
+    m.shutdown()
+    with open(tier.chunk_path(key(1)), "r+b") as f:
+        head = bytearray(f.read(4096))
+        struct.pack_into("<d", head, 24, time.time() - 1)  # the deadline
+        end = 32 + 36 + len(FINGERPRINT)
+        struct.pack_into("<I", head, end, zlib.crc32(head[:end]))
+        f.seek(0)
+        f.write(head)
+    with open(tier.chunk_path(key(2)), "r+b") as f:
+        f.write(b"garbage")
+    again, engine2, _ = file_stack(tmp_path, 8 * FILE)
+    hinted_chunks(again, engine2, 1)  # the three headers were read in one call
+    reader = hinted("reader", None)
+    again.on_new_request(reader)
+    assert engine2.lookup_until_known(key(2), reader) is LookupResult.MISS
+    promote(again, engine2, key(1))
+    assert again.get_stats()["file"].hinted_chunks == 1
+    again.shutdown()
+
+
+def test_a_file_another_engine_wrote_brings_its_hint_into_this_tier(
+    tmp_path: Path,
+) -> None:
+    """Scenario: engines A and B share a directory; B rescans it. A stores two
+    chunks held for 60 s: once B finds them, it holds them under the hint."""
+    a, engine_a, _ = file_stack(tmp_path, 8 * FILE)
+    clock = Clock()
+    b, engine_b, _ = file_stack(tmp_path, 8 * FILE, clock=clock, rescan_interval_s=1.0)
+    ctx = hinted("w", 60)
+    a.on_new_request(ctx)
+    engine_a.store(keys(1, 2), ctx)
+    engine_a.settle()
+
+    def step() -> None:
+        clock.advance(1.0)
+        engine_b.step()
+
+    wait_until(lambda: b.get_stats()["file"].hinted_chunks == 2, step)
+    assert b.get_stats()["file"].occupancy == 2
+    a.shutdown()
+    b.shutdown()

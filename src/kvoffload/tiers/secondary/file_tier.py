@@ -7,12 +7,11 @@ with `rescan_interval_s`, engines sharing the directory also find each other's.
 Chunks keep their retention hints: the index orders evictions by them, and
 each file's header holds its hint in Unix time, so a load (by this engine, after
 a restart, or by another engine sharing the directory) hands it back to the
-primary tier. The index itself starts unhinted at a restart or for files other
-engines wrote: hints are meant for minutes, and reading every header at start
-would cost a read per file. A chunk failing any check on load is a miss and its
-file is deleted; something
-other than a regular file at its path (a FIFO, say) is a miss and is left in
-place; a file that cannot be read for another reason (no free descriptors, say)
+primary tier. Files the tier indexes without writing them (at a restart, or
+found by a rescan) start unhinted; their headers are read on the rescan thread
+and the hints still live apply from the next poll (`file_hints`). A chunk
+failing any check on load is a miss and its file is deleted; something other
+than a regular file at its path (a FIFO, say) is a miss and is left in place; a file that cannot be read for another reason (no free descriptors, say)
 fails that load only. A disk that runs out of space lowers the tier's capacity
 (`file_space`): later stores evict to make room.
 """
@@ -48,6 +47,7 @@ from kvoffload.tiers.secondary.executor import (
     split_indices,
 )
 from kvoffload.tiers.secondary.file_batches import FileBatches
+from kvoffload.tiers.secondary.file_hints import HintReader
 from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
 from kvoffload.tiers.secondary.file_rescan import Rescanner
@@ -145,6 +145,8 @@ class FileTier(SecondaryTier):
         self._stats = TierStats(capacity=self._capacity_chunks)
         kept = self._rebuild_index()
         self._record_event(kept, False)  # readable from the start
+        self._hint_reader = HintReader(self._files, self._rescans)
+        self._hint_reader.read_later(kept)
         self._rescan = (
             Rescanner(self._files, self._rescans, config.rescan_interval_s, kept, clock)
             if config.rescan_interval_s
@@ -277,6 +279,7 @@ class FileTier(SecondaryTier):
             adopted = [key for key in adopted if self._index.is_readable(key)]
         if adopted:
             self._record_event(adopted, False)
+            self._hint_reader.read_later(adopted)
             logger.debug(
                 "%s: found %d chunk files of other engines", self.name, len(adopted)
             )
@@ -359,6 +362,20 @@ class FileTier(SecondaryTier):
         ]
         self._executor.submit(job.job_id, tasks)
 
+    def _take_read_hints(self) -> None:
+        """Apply the hints read from the headers of files this tier did not
+        write, to chunks still indexed that no request has hinted since."""
+        found = self._hint_reader.take()
+        if not found:
+            return
+        now, index = time.time(), self._index
+        for key, until in found:
+            if not index.is_readable(key) or index.hints.hint_of(key) is not None:
+                continue
+            left = 0.0 if until == 0.0 else until - now
+            if until == 0.0 or left > 0:  # an expired hint is no hint
+                index.retain((key,), left)
+
     def _batches(self, indices: list[int]) -> list[tuple[int, ...]]:
         return [
             tuple(indices[r.start : r.stop])
@@ -368,6 +385,7 @@ class FileTier(SecondaryTier):
     def get_finished_jobs(self) -> list[TierJobResult]:
         if self._rescan is not None:
             self._adopt_shared(self._rescan)
+        self._take_read_hints()
         self._space.poll(self._index.used_bytes, self._rescans.submit_call)
         self._index.capacity_bytes = self.capacity_bytes
         out = []
@@ -455,6 +473,7 @@ class FileTier(SecondaryTier):
         restarted engine or a rescan finds none of them."""
         assert not self._jobs, "reset_cache with jobs in flight"
         self._record_event(self._index.clear(), True)
+        self._hint_reader.reset()
         self._files.remove_all()
         if self._rescan is not None:
             # After the old directory is renamed aside: a rescan that begins
