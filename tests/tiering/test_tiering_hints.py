@@ -172,6 +172,7 @@ def test_a_redis_value_holds_its_hint_and_outlives_ttl_s_while_held(
     promote(b, engine_b, key(1))
     hint = b.primary.hints_of(keys(1))
     assert hint is not None and hint[0] is not None and 590 < hint[0] <= 600
+    assert b.get_stats()["redis"].hints_honoured == 1  # a hinted chunk hit
     a.shutdown()
     b.shutdown()
 
@@ -334,3 +335,17 @@ def test_a_file_another_engine_wrote_brings_its_hint_into_this_tier(
     assert b.get_stats()["file"].occupancy == 2
     a.shutdown()
     b.shutdown()
+
+
+def test_without_ttl_s_a_held_redis_value_gets_no_expiry(
+    redis_server: RedisServer,
+) -> None:
+    """An expiry would make the value volatile, the first to go under the
+    server's `volatile-*` policies: without `ttl_s`, hinted values never expire."""
+    m, engine, tier = redis_stack(redis_server.url)
+    ctx = hinted("held", 600)
+    m.on_new_request(ctx)
+    engine.store(keys(1), ctx)
+    engine.settle()
+    assert redis.Redis.from_url(redis_server.url).pttl(tier.redis_key(key(1))) == -1
+    m.shutdown()

@@ -2,11 +2,19 @@
 
 Keys are `<prefix>:<fingerprint>:<key hex>`; values are the chunk header followed by
 the payload (never pickle). Capacity is the server's (`maxmemory` with an LRU
-policy, and `ttl_s` if set). Retention hints: the header holds a chunk's hint
-(format 2, in Unix time), so whichever engine loads it hands it to its primary
-tier; with `ttl_s`, a held chunk lives at least until its hint ends; a chunk
-hinted 0 is not sent (the server's LRU cannot be told to take it first). Stores and loads are pipelined batches on a thread
+policy, and `ttl_s` if set). Stores and loads are pipelined batches on a thread
 pool.
+
+Retention hints: the header holds a chunk's hint (format 2, in Unix time), so
+whichever engine loads it hands it to its primary tier. The server evicts by
+itself, so the tier can only shape expiry: with `ttl_s`, a held chunk's value
+expires no sooner than its hint ends (capped at about 139 years); without
+`ttl_s` values never expire, hinted or not (an expiry would make them the first
+to go under the `volatile-*` policies). A chunk hinted 0 is not sent at all
+(counted in `store_skipped`): the server's LRU cannot be told to take it first.
+Of the hint counters only `hints_honoured` (loads of a value under a live hint)
+is known here; what the server holds, and which hints ran out unused, only it
+knows, so `hinted_chunks`, `hints_expired_unused` and `hints_dropped` stay 0.
 
 Lookups are asynchronous: an unknown key answers `RETRY` and joins a batch of
 `PTTL` calls (whether the value is there, and for how long) sent on a lookup
@@ -345,6 +353,7 @@ class RedisTier(SecondaryTier):
         hints = None
         if result.hints:
             hints = {keys[i]: hint for i, hint in result.hints.items()}
+            stats.hints_honoured += sum(1 for hint in hints.values() if hint > 0)
         return TierJobResult(
             record.job.job_id,
             (*record.refused, *failed),
