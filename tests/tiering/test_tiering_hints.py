@@ -21,6 +21,7 @@ from kvoffload.tiers.secondary import (
     FileTierConfig,
     RedisTierConfig,
     codec,
+    create_secondary_tier,
 )
 from kvoffload.tiers.secondary.file_io import payload_offset
 from kvoffload.tiers.secondary.redis_server import RedisServer
@@ -349,3 +350,39 @@ def test_without_ttl_s_a_held_redis_value_gets_no_expiry(
     engine.settle()
     assert redis.Redis.from_url(redis_server.url).pttl(tier.redis_key(key(1))) == -1
     m.shutdown()
+
+
+def test_the_memory_tier_honours_hints_and_hands_them_back(tmp_path: Path) -> None:
+    """Scenario: a memory tier of 4 chunks holds two chunks held for 60 s, then
+    two unhinted ones; two more stores evict the unhinted ones, and a promotion
+    of a held chunk hands its hint back to host memory."""
+    clock = Clock()
+    buf = ArrayChunkBuffer(8, SLOT)
+    tier = create_secondary_tier(
+        {"type": "memory", "capacity_chunks": 4}, buf, FINGERPRINT, clock, 0.5
+    )
+    primary = CPUOffloadingManager(8, max_hinted_share=1.0, clock=clock)
+    m = TieringManager(primary, [tier], clock=clock)
+    engine = Engine(m, buf)
+    for ids, ctx in (
+        ([1, 2], hinted("held", 60)),
+        ([3, 4], hinted("a", None)),
+        ([5, 6], hinted("b", None)),
+    ):
+        m.on_new_request(ctx)
+        engine.store(keys(*ids), ctx)
+        engine.settle()
+    assert [tier.lookup(k, hinted("r", None)) for k in keys(1, 2, 3, 4)] == [
+        LookupResult.HIT,
+        LookupResult.HIT,
+        LookupResult.MISS,
+        LookupResult.MISS,
+    ]
+    assert m.get_stats()["memory"].hinted_chunks == 2
+    clock.advance(10)
+    fresh = CPUOffloadingManager(8, clock=clock)
+    again = TieringManager(fresh, [tier], clock=clock)
+    promote(again, Engine(again, buf), key(1))
+    hint = again.primary.hints_of(keys(1))
+    assert hint is not None and hint[0] == pytest.approx(50)
+    assert again.get_stats()["memory"].hints_honoured == 1

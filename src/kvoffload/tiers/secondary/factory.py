@@ -49,7 +49,8 @@ def create_secondary_tier(
 
     `buffer` is the host pool the tier copies from and into; `fingerprint` (see
     `make_fingerprint`) names the model and layout whose chunks it holds;
-    `max_hinted_share` is the engine's bound on retention hints (a file tier's).
+    `max_hinted_share` is the engine's bound on retention hints (in the tiers
+    that evict by themselves: file and memory).
     """
     if not isinstance(mapping, Mapping):
         raise _not_a_mapping(mapping)
@@ -73,7 +74,9 @@ def create_secondary_tier(
     if tier_type == "memory":
         from kvoffload.tiers.secondary.memory import MemoryTier
 
-        return MemoryTier(MemoryTierConfig.from_mapping(mapping), buffer)
+        return MemoryTier(
+            MemoryTierConfig.from_mapping(mapping), buffer, clock, max_hinted_share
+        )
     raise ValueError(
         f"type: {shown(tier_type)} is not a secondary tier type; expected one of {TIER_TYPES}"
     )
