@@ -17,7 +17,13 @@ pytest.importorskip(
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvoffload.integrations.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
+from kvoffload.connector import ConnectorStats
+from kvoffload.integrations.vllm.stats import (
+    KVOffloadPromMetrics,
+    KVOffloadStats,
+    StatsDelta,
+)
+from kvoffload.tiers.base import TierStats
 
 DASHBOARD = Path(__file__).parents[3] / "dashboards" / "kvoffload-grafana.json"
 
@@ -84,9 +90,16 @@ def test_every_counter_exists_at_zero_for_every_tier_from_start_up() -> None:
         if s.name.startswith("vllm:kvoffload_") and s.name.endswith("_total")
     }
     tiers = {"cpu", "nvme", "redis"}
+    hints = ("hints_honoured", "hints_expired_unused", "hints_dropped")
     for engine in ("0", "1"):
         for tier in tiers:
-            for metric in ("hit_tokens", "bytes_loaded", "failures", "evictions"):
+            for metric in (
+                "hit_tokens",
+                "bytes_loaded",
+                "failures",
+                "evictions",
+                *hints,
+            ):
                 assert samples[(f"vllm:kvoffload_{metric}_total", tier, engine)] == 0
         assert samples[("vllm:kvoffload_deferrals_total", "connector", engine)] == 0
     assert {tier for _, tier, _ in samples} == tiers | {"connector"}
@@ -146,3 +159,50 @@ def test_the_log_line_shows_counts_as_integers_and_bytes_in_units() -> None:
     assert shown["file.bytes_stored"] == "512 B"
     assert shown["connector.load_seconds"] == "0.250 s"
     assert shown["cpu.occupancy"] == 7
+
+
+def test_hinted_chunks_are_a_gauge_and_hint_outcomes_counters_per_tier() -> None:
+    """Scenario: the file tier holds 5 hinted chunks, then 3; 2 hints were
+    honoured and 1 expired unused: the gauge shows the latest, the counters add."""
+    metrics, registry = _metrics(FILE_AND_REDIS)
+    metrics.observe({"nvme.hinted_chunks": 5, "nvme.hints_honoured": 2})
+    metrics.observe({"nvme.hinted_chunks": 3, "nvme.hints_expired_unused": 1})
+    labels = {"model_name": "m", "engine": "0", "tier": "nvme"}
+
+    def sample(name: str) -> float | None:
+        return registry.get_sample_value(f"vllm:kvoffload_{name}", labels)
+
+    assert sample("hinted_chunks") == 3
+    assert sample("hints_honoured_total") == 2
+    assert sample("hints_expired_unused_total") == 1
+    assert sample("hints_dropped_total") == 0
+    for tier in ("cpu", "redis"):
+        gauge = registry.get_sample_value(
+            "vllm:kvoffload_hinted_chunks", {**labels, "tier": tier}
+        )
+        assert gauge == 0
+
+
+def test_the_log_line_names_hinted_chunks_only_where_a_tier_holds_some() -> None:
+    tiers = {
+        "cpu": TierStats(hinted_chunks=4, hints_honoured=2),
+        "file": TierStats(),
+    }
+    shown = StatsDelta().take(tiers, ConnectorStats()).reduce()
+    assert shown["cpu.hinted_chunks"] == 4 and shown["cpu.hints_honoured"] == 2
+    assert "file.hinted_chunks" not in shown
+    assert shown["file.occupancy"] == 0  # other gauges as before
+
+
+def test_the_dashboard_charts_hints_per_tier() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [
+        p
+        for p in dashboard["panels"]
+        if any("hint" in t["expr"] for t in p.get("targets", []))
+    ]
+    assert len(panels) == 1
+    exprs = " ".join(t["expr"] for t in panels[0]["targets"])
+    for name in ("hinted_chunks", "hints_honoured_total", "hints_expired_unused_total"):
+        assert f"vllm:kvoffload_{name}" in exprs
+    assert "by (tier)" in exprs

@@ -7,6 +7,9 @@ its logging interval for the `KV Transfer metrics:` line and feeds each step's
 deltas to Prometheus as `vllm:kvoffload_<metric>_total{tier=...}` counters and
 `vllm:kvoffload_<metric>{tier=...}` gauges. A secondary tier may not be named
 `cpu` or `connector` (`RESERVED_NAMES`), so the keys of one never mix with another's.
+Retention hints add a gauge (`hinted_chunks`) and three counters per tier
+(`hints_honoured`, `hints_expired_unused`, `hints_dropped`); the log line shows
+a tier's hinted chunks only while it holds some.
 """
 
 from __future__ import annotations
@@ -79,8 +82,14 @@ class KVOffloadStats(KVConnectorStats):
 
     def reduce(self) -> dict[str, int | float | str]:  # type: ignore[override]
         """The values vLLM's `KV Transfer metrics:` line prints: counts as
-        integers, bytes and seconds in human units (vLLM only formats them)."""
-        return {k: _shown(k, v) for k, v in sorted(self.data.items())}
+        integers, bytes and seconds in human units (vLLM only formats them).
+        A tier holding no hinted chunk says nothing of them: a deployment that
+        sends no hints keeps its line as it was."""
+        return {
+            k: _shown(k, v)
+            for k, v in sorted(self.data.items())
+            if v or not k.endswith(".hinted_chunks")
+        }
 
     def is_empty(self) -> bool:
         return not any(v for k, v in self.data.items() if not _is_gauge(k))
