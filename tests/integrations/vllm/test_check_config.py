@@ -66,6 +66,26 @@ def test_every_error_is_printed_with_suggestions_and_the_exit_code_is_1(
     assert "missing required key(s) ['capacity']" in err
 
 
+def test_max_hinted_share_is_shown_resolved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = check(capsys, json.dumps(GOOD))
+    assert code == 0, err
+    assert "max_hinted_share 0.35" in out.splitlines()[1]  # the default
+    code, out, err = check(capsys, json.dumps({**GOOD, "max_hinted_share": 0.5}))
+    assert code == 0, err
+    assert "max_hinted_share 0.5" in out.splitlines()[1]
+
+
+@pytest.mark.parametrize("bad", [2, "x", -0.1, True, None, float("nan"), [0.5]])
+def test_a_bad_max_hinted_share_is_an_error_naming_the_key(
+    capsys: pytest.CaptureFixture[str], bad: object
+) -> None:
+    code, out, err = check(capsys, json.dumps({**GOOD, "max_hinted_share": bad}))
+    assert code == 1 and out == ""
+    assert "max_hinted_share" in err and "is not a number in [0, 1]" in err
+
+
 def test_a_whole_kv_transfer_config_is_checked_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -45,6 +45,7 @@ def _host_line(settings: KVOffloadSettings) -> str:
         chunk,
         "prompt chunks only" if settings.offload_prompt_only else "prompt and output",
         f"max_defer_s {settings.max_defer_s:g}",
+        f"max_hinted_share {settings.max_hinted_share:g}",
     ]
     if settings.store_threshold > 1:
         parts.append(f"stored once seen by {settings.store_threshold} requests")
