@@ -386,3 +386,22 @@ def test_the_memory_tier_honours_hints_and_hands_them_back(tmp_path: Path) -> No
     hint = again.primary.hints_of(keys(1))
     assert hint is not None and hint[0] == pytest.approx(50)
     assert again.get_stats()["memory"].hints_honoured == 1
+
+
+def test_a_hint_the_file_tier_held_to_its_end_unused_counts_as_expired(
+    tmp_path: Path,
+) -> None:
+    """Scenario: two chunks held for 60 s are never loaded; 61 s later the file
+    tier holds them unhinted and counts two hints expired unused, none
+    honoured."""
+    clock = Clock()
+    m, engine, _ = file_stack(tmp_path, 8 * FILE, clock=clock)
+    ctx = hinted("w", 60)
+    m.on_new_request(ctx)
+    engine.store(keys(1, 2), ctx)
+    engine.settle()
+    clock.advance(61)
+    stats = m.get_stats()["file"]
+    assert (stats.hinted_chunks, stats.hints_expired_unused) == (0, 2)
+    assert (stats.hints_honoured, stats.occupancy) == (0, 2)
+    m.shutdown()
