@@ -58,6 +58,24 @@ def test_manager_benchmark_reports_every_policy_and_equal_lru_hits(
         assert theirs[0]["hit_chunks"] == ours["lru"]["hit_chunks"]
 
 
+def test_manager_benchmark_with_hints_times_each_policy_against_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    argv = ["manager", "--trace", str(trace), "--capacity", "8", "--repeat", "2",
+            "--policy", "lru", "--policy", "arc", "--hints", "all:60", "--json"]  # fmt: skip
+    assert bench_main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    hinted = {r["policy"]: r for r in records if r["implementation"] == "+hints"}
+    assert set(hinted) == {"lru", "arc"}
+    for record in hinted.values():
+        assert record["hints"] == "all:60"
+        median, low, high = record["time_vs_no_hints_rounds"]
+        assert 0 < low <= median <= high
+    plain = [r for r in records if r["implementation"] == "kvoffload"]
+    assert plain and all("hints" not in r for r in plain)
+
+
 def test_unknown_benchmark_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["nope"]) == 2
     assert "usage" in capsys.readouterr().out

@@ -14,7 +14,14 @@ the median of the per-round ratios and their quartiles: every round runs every
 policy back to back, so a round's ratio cancels most of the load on a shared
 machine, and the spread shows how far one run's figure can be trusted.
 
-    python -m kvoffload.bench manager [--trace PATH] [--capacity N ...] [--json]
+With `--hints MODE` (`kvoffload replay`'s modes: oracle, session:S, ...) each
+policy runs once more with every request carrying the retention hint the mode
+derives from the trace, the manager's clock following the trace's arrivals, and
+the table adds the per-round ratio to the same policy without hints (the cost of
+honouring them: goal at most 1.2x).
+
+    python -m kvoffload.bench manager [--trace PATH] [--capacity N ...]
+        [--hints MODE] [--json]
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.replay.hints import NO_HINTS, HintMode, parse_hint_mode
 from kvoffload.replay.mooncake import load_mooncake
 from kvoffload.replay.workload import Workload
 from kvoffload.tiers.base import ReqContext
@@ -43,7 +51,11 @@ DEFAULT_TRACE = (
 )
 
 Stream = list[tuple[str, list[OffloadKey]]]
+Hinted = tuple[Sequence[float], Sequence[float | None]]
+"""Each request's arrival and retention hint (`kv_retention_s`, `None`: none)."""
 VLLM_POLICIES = ("lru", "arc")  # what vLLM's manager offers
+HINTED = "+hints"
+"""The implementation name of kvoffload's manager with hints on."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +100,39 @@ def workload_stream(workload: Workload, chunk_tokens: int) -> Stream:
     ]
 
 
-def build_stream(trace: Path, limit: int | None) -> Stream:
-    return workload_stream(load_mooncake(trace, limit=limit), 512)
+def build_stream(
+    trace: Path, limit: int | None, hints: HintMode = NO_HINTS
+) -> tuple[Stream, Hinted | None]:
+    """The trace's stream and, for a hint mode, each request's arrival and hint."""
+    workload = load_mooncake(trace, limit=limit)
+    per_request = hints.hints(workload)
+    hinted = None
+    if per_request is not None:
+        hinted = ([r.arrival for r in workload.requests], per_request)
+    return workload_stream(workload, 512), hinted
 
 
-def run_ours(stream: Stream, policy: str, capacity: int) -> tuple[int, float]:
-    manager = CPUOffloadingManager(capacity, policy)
-    contexts = [ReqContext(req_id) for req_id, _ in stream]
+def run_ours(
+    stream: Stream, policy: str, capacity: int, hinted: Hinted | None = None
+) -> tuple[int, float]:
+    """Hits and seconds of `stream` through kvoffload's manager; with `hinted`,
+    each request carries its hint and the clock reads its arrival."""
+    arrivals: Sequence[float] = [0.0] * len(stream)
+    now = [0.0]
+    manager = CPUOffloadingManager(capacity, policy, clock=lambda: now[0])
+    if hinted is None:
+        contexts = [ReqContext(req_id) for req_id, _ in stream]
+    else:
+        arrivals, hints = hinted
+        contexts = [
+            ReqContext.create(req_id, None if h is None else {"kv_retention_s": h})
+            for (req_id, _), h in zip(stream, hints, strict=True)
+        ]
     hits = 0
     gc.collect()
     start = time.perf_counter()
-    for ctx, (_, keys) in zip(contexts, stream, strict=True):
+    for ctx, (_, keys), arrival in zip(contexts, stream, arrivals, strict=True):
+        now[0] = arrival
         manager.on_new_request(ctx)
         ready = manager.lookup_prefix(keys, ctx).ready
         if ready:
@@ -154,11 +188,17 @@ def vllm_runner() -> Callable[[Stream, str, int], tuple[int, float]] | None:
 
 
 def measure(
-    stream: Stream, policies: Sequence[str], capacities: Sequence[int], repeat: int
+    stream: Stream,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    repeat: int,
+    hinted: Hinted | None = None,
 ) -> list[Measurement]:
     runners: dict[str, Callable[[Stream, str, int], tuple[int, float]]] = {
         "kvoffload": run_ours
     }
+    if hinted is not None:
+        runners[HINTED] = lambda s, p, c: run_ours(s, p, c, hinted)
     theirs = vllm_runner()
     if theirs is not None:
         runners["vllm"] = theirs
@@ -197,13 +237,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity", type=int, nargs="+", default=[1000, 5859, 50000])
     parser.add_argument("--limit", type=int, help="first N requests only")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--hints",
+        type=parse_hint_mode,
+        default=NO_HINTS,
+        metavar="MODE",
+        help="also run each policy with the retention hints this mode derives "
+        "from the trace (as `kvoffload replay --hints`)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not args.trace.exists():
         parser.error(f"trace not found: {args.trace} (pass --trace)")
-    stream = build_stream(args.trace, args.limit)
-    results = measure(stream, args.policy or ["lru", "arc"], args.capacity, args.repeat)
+    stream, hinted = build_stream(args.trace, args.limit, args.hints)
+    results = measure(
+        stream, args.policy or ["lru", "arc"], args.capacity, args.repeat, hinted
+    )
     by_key = {(m.implementation, m.policy, m.capacity): m for m in results}
+
+    def unhinted(m: Measurement) -> Measurement | None:
+        if m.implementation != HINTED:
+            return None
+        return by_key.get(("kvoffload", m.policy, m.capacity))
+
     if args.json:
         for m in results:
             theirs = by_key.get(("vllm", m.policy, m.capacity))
@@ -221,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "time_vs_lru": m.seconds / lru.seconds if lru else None,
                 "time_vs_lru_rounds": round_ratios(m, lru) if lru else None,
             }
+            plain = unhinted(m)
+            if plain is not None:
+                record["hints"] = args.hints.label
+                record["time_vs_no_hints_rounds"] = round_ratios(m, plain)
             print(json.dumps(record, allow_nan=False))
         return 0
     print(
@@ -240,11 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lru and lru is not m:
             median, low, high = round_ratios(m, lru)
             by_round = f"{median:.2f}x [{low:.2f}-{high:.2f}]"
+        plain = unhinted(m)
+        if plain is not None:
+            median, low, high = round_ratios(m, plain)
+            by_round += f"  vs no hints {median:.2f}x [{low:.2f}-{high:.2f}]"
         print(
             f"{m.implementation:<10} {m.policy:<8} {m.capacity:>9,} {m.hit_chunks:>8,} "
             f"{m.us_per_request:>11.1f} {m.ns_per_chunk:>9.0f} {ratio:>8} {vs_lru:>7} "
             f"{by_round:>18}"
         )
+    if hinted is not None:
+        print(f"{HINTED}: kvoffload with retention hints {args.hints.label}")
     if "vllm" not in {m.implementation for m in results}:
         print("vLLM is not installed: no comparison")
     return 0

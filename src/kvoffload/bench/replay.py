@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_replay(
         workload, args.policy, args.capacity, ReplaySettings(chunk_tokens=512)
     )
-    stream = build_stream(args.trace, args.limit)
+    stream, _ = build_stream(args.trace, args.limit)
     _, bare_s = run_ours(stream, args.policy, args.capacity)
     record = {
         "trace": args.trace.name,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
@@ -96,10 +97,14 @@ class RetentionPolicy(EvictionPolicy):
         )
         self._deadline: dict[OffloadKey, float] = {}
         """Chunks under an unexpired hint within the bound, with its deadline."""
-        self._zero: dict[OffloadKey, None] = {}
-        """Chunks hinted 0, oldest first; a key also in `_deadline` is not (a
-        later positive hint won) and is dropped from here lazily."""
+        # An OrderedDict, not a dict: chunks leave from the front, and a dict's
+        # iteration walks every slot its deletions left, from the start.
+        self._zero: OrderedDict[OffloadKey, None] = OrderedDict()
+        """Chunks hinted 0, oldest first (a positive hint takes a chunk out)."""
         self._used: set[OffloadKey] = set()
+        """Chunks loaded under their present hint (a later hint on a chunk is a
+        new one, not yet honoured). Always within `_deadline`, which never
+        shares a key with `_zero`: the set operations below rely on both."""
         self._claims: list[_Claim] = []
         self._ranks: list[_Ranked] = []
         self._seq = 0
@@ -165,9 +170,11 @@ class RetentionPolicy(EvictionPolicy):
             return
         due = self._clock() + seconds
         claimed: Sequence[OffloadKey]
-        if due >= self._latest:
+        if due > self._latest:
             # Every live deadline is earlier: extend them all at C speed (the
-            # common case: one hint length for every request).
+            # common case: one hint length for every request). At an equal
+            # deadline (a request's second touch at one instant) only the keys
+            # not yet under it are claimed.
             claimed = keys
             self._latest = due
         else:
@@ -177,6 +184,10 @@ class RetentionPolicy(EvictionPolicy):
         deadline.update(dict.fromkeys(claimed, due))
         if self._used:
             self._used.difference_update(claimed)
+        zero = self._zero
+        if zero:
+            for key in zero.keys() & claimed:
+                del zero[key]
         run = tuple(claimed)
         heapq.heappush(self._claims, (due, self._seq, run))
         heapq.heappush(self._ranks, (-seconds, self._seq, due, run))
@@ -192,12 +203,14 @@ class RetentionPolicy(EvictionPolicy):
             return
         self._expire(self._clock())
         deadline, zero, used = self._deadline, self._zero, self._used
-        for key in keys:
-            if key in deadline:
-                if key not in used:
-                    used.add(key)
-                    self.counts.honoured += 1
-            elif key in zero:
+        if deadline:  # set operations: at C speed, whatever the prefix length
+            # (`difference`, not `-=`: that walks all of `used`.)
+            fresh = (deadline.keys() & keys).difference(used)
+            if fresh:
+                used |= fresh
+                self.counts.honoured += len(fresh)
+        if zero:
+            for key in zero.keys() & keys:
                 del zero[key]
 
     def hint_of(self, key: OffloadKey) -> float | None:
@@ -219,13 +232,12 @@ class RetentionPolicy(EvictionPolicy):
         claims = self._claims
         if not claims or claims[0][0] > now:
             return
-        deadline, zero, used = self._deadline, self._zero, self._used
+        deadline, used = self._deadline, self._used
         while claims and claims[0][0] <= now:
             due, _, keys = heapq.heappop(claims)
             for key in keys:
                 if deadline.get(key) == due:
                     del deadline[key]
-                    zero.pop(key, None)
                     if key in used:
                         used.discard(key)
                     else:
@@ -276,7 +288,7 @@ class RetentionPolicy(EvictionPolicy):
     def evict(
         self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
     ) -> list[OffloadKey] | None:
-        if not self._deadline and not self._zero:
+        if n <= 0 or (not self._deadline and not self._zero):
             return self.inner.evict(n, incoming, evictable)
         self._expire(self._clock())
         taken = self._take_zero(n, evictable) if self._zero else []
@@ -296,10 +308,11 @@ class RetentionPolicy(EvictionPolicy):
             got = self._evict_hinted(rest, rest - accepted, incoming, evictable)
             if got is None:
                 return None
+            self._forget(got)
+        # (Else `got` holds no hinted chunk: nothing to forget.)
         for key in taken:
             self.inner.remove(key)
-        self._forget(taken)
-        self._forget(got)
+            del zero[key]  # hinted 0 only: not under a deadline
         return taken + got
 
     def _pick_hinted(
@@ -330,17 +343,11 @@ class RetentionPolicy(EvictionPolicy):
     def _take_zero(self, n: int, evictable: Evictable) -> list[OffloadKey]:
         """Up to `n` evictable chunks hinted 0, oldest first (nothing removed)."""
         taken: list[OffloadKey] = []
-        stale: list[OffloadKey] = []
-        hinted = self._deadline
         for key in self._zero:
             if len(taken) == n:
                 break
-            if key in hinted:
-                stale.append(key)
-            elif evictable(key):
+            if evictable(key):
                 taken.append(key)
-        for key in stale:
-            del self._zero[key]
         return taken
 
     def _evict_hinted(

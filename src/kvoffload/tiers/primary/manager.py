@@ -214,14 +214,12 @@ class CPUOffloadingManager(OffloadingManager):
             self._policy.touch(keys, stored)
         hint = ctx.params.retention_s
         if hint is not None:
-            slots = self._slots
-            self._policy.retain([k for k in keys if k in slots], hint)
+            self._policy.retain(list(filter(self._slots.__contains__, keys)), hint)
 
     def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
         """Put resident `keys` under a retention hint of `seconds` from now, as a
         request's `kv_retention_s` would (a promoted chunk's, say)."""
-        slots = self._slots
-        self._policy.retain([k for k in keys if k in slots], seconds)
+        self._policy.retain(list(filter(self._slots.__contains__, keys)), seconds)
 
     def hints_of(self, keys: Sequence[OffloadKey]) -> tuple[float | None, ...] | None:
         """Each key's retention hint now (seconds left, 0, or `None`), or `None`
