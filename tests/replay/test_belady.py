@@ -55,7 +55,7 @@ def _online_hits(requests: list[list[str]], policy: str, capacity: int) -> int:
         (str(i), [make_offload_key(key.encode(), 0) for key in keys])
         for i, keys in enumerate(requests)
     ]
-    return run_ours(stream, policy, capacity)[0]
+    return run_ours(stream, policy, capacity, collect=False)[0]
 
 
 def test_belady_keeps_the_head_of_a_prefix_whose_chunks_are_next_used_together() -> (
