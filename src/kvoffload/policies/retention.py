@@ -34,9 +34,10 @@ from kvoffload.policies.base import Evictable, EvictionPolicy
 Clock = Callable[[], float]
 
 DEFAULT_MAX_HINTED_SHARE = 0.35
-"""Half of each tier: hints decide what the other half keeps (class 1 goes first
-whatever the bound), and a lazy application that hints everything still leaves
-half the tier to the policy (docs/policies.md, "Retention hints")."""
+"""About a third of each tier: an application that hints everything still
+leaves two thirds to the policy, and on the bundled trace the modes that know
+their sessions gain as much at 0.35 as with more (docs/policies.md, "Retention
+hints"). Chunks hinted 0 go first whatever the bound."""
 
 _Claim = tuple[float, int, tuple[OffloadKey, ...]]
 """(deadline, sequence, keys): one request's hint on a run of chunks, in the

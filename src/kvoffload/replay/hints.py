@@ -30,7 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvoffload.policies.retention import check_max_hinted_share
+from kvoffload.policies.retention import (
+    DEFAULT_MAX_HINTED_SHARE,
+    check_max_hinted_share,
+)
 from kvoffload.replay.fleet_args import is_fleet
 from kvoffload.replay.workload import Workload
 
@@ -168,7 +171,8 @@ def add_hint_arguments(parser: argparse.ArgumentParser) -> None:
         type=_share,
         default=None,
         metavar="SHARE",
-        help="the share of each tier hints may hold (0 to 1; default 0.5)",
+        help="the share of each tier hints may hold (0 to 1; default "
+        f"{DEFAULT_MAX_HINTED_SHARE:g}, as in the connector)",
     )
 
 
