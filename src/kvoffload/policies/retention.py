@@ -35,9 +35,10 @@ Clock = Callable[[], float]
 
 DEFAULT_MAX_HINTED_SHARE = 0.35
 """About a third of each tier: an application that hints everything still
-leaves two thirds to the policy, and on the bundled trace the modes that know
-their sessions gain as much at 0.35 as with more (docs/policies.md, "Retention
-hints"). Chunks hinted 0 go first whatever the bound."""
+leaves two thirds to the policy. A compromise measured on the bundled trace
+(docs/policies.md, "Retention hints"): exact hints gain with more room, hints of
+one length for every open session with less, and `all:S` stays near the
+policy's own figure only with a bound. Chunks hinted 0 go first whatever it."""
 
 _Claim = tuple[float, int, tuple[OffloadKey, ...]]
 """(deadline, sequence, keys): one request's hint on a run of chunks, in the
