@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--hints",
         type=parse_hint_mode,
-        default=NO_HINTS,
+        default="none",  # argparse passes a string default through `type`
         metavar="MODE",
         help="also run each policy with the retention hints this mode derives "
         "from the trace (as `kvoffload replay --hints`)",

@@ -158,10 +158,10 @@ def add_hint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hints",
         type=parse_hint_mode,
-        default=NO_HINTS,
+        default="none",  # argparse passes a string default through `type`
         metavar="MODE",
         help="retention hints derived from the trace, as an application that "
-        "knows its conversations would send them: none (default), oracle "
+        "knows its conversations would send them: none, oracle "
         "(seconds to the next turn), session:S (S while the conversation "
         "continues, 0 at its last turn), noisy:P[:S] (session's decision "
         "flipped with probability P), all:S (every request claims S)",
