@@ -47,6 +47,34 @@ def test_a_next_turn_is_the_next_request_to_extend_the_prompt(tmp_path: Path) ->
     assert next_turn_gaps(workload) == [30.0, 50.0, 20.0, None, None]
 
 
+def test_a_system_prompt_many_conversations_share_is_no_turn_of_theirs(
+    tmp_path: Path,
+) -> None:
+    """20 conversations on one 3-block system prompt, each with two turns:
+    every first turn's next turn is its own second, 100 s later, never the next
+    conversation's first turn, which shares only the system prompt."""
+    system = [900, 901, 902]
+    lines = [(1000 * c, [*system, 10 * c]) for c in range(20)]
+    lines += [(100_000 + 1000 * c, [*system, 10 * c, 10 * c + 1]) for c in range(20)]
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": t,
+                    "input_length": 512 * len(ids) - 100,
+                    "output_length": 4,
+                    "hash_ids": ids,
+                }
+            )
+            + "\n"
+            for t, ids in lines
+        )
+    )
+    workload = load_mooncake(path, time_scale=1.0)
+    assert next_turn_gaps(workload) == [100.0] * 20 + [None] * 20
+
+
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
