@@ -151,6 +151,27 @@ def test_zero_leaves_another_requests_live_hint_and_a_load_ends_a_zero() -> None
 
 
 @pytest.mark.parametrize("name", policy_names())
+def test_a_zero_spares_the_prefix_other_requests_branch_from(name: str) -> None:
+    """Scenario: chunks 0-1 are a system prompt; two requests found it and
+    stored different chunks after it (2, then 3), so it ends a shared prefix. A
+    last turn (0, 1, 4) says 0: only its own part, chunk 4, goes first. A
+    conversation's history that never branched (5, 6, then 7 after them) is
+    covered whole."""
+    policy, _ = wrapped(name, capacity=16)
+    for i in range(8):
+        policy.insert(k(i))
+    policy.touch([k(0), k(1), k(2)], {k(2)})
+    policy.touch([k(0), k(1), k(3)], {k(3)})
+    policy.touch([k(0), k(1), k(4)], {k(4)})
+    policy.retain([k(0), k(1), k(4)], 0)
+    assert [policy.hint_of(k(i)) for i in (0, 1, 4)] == [None, None, 0.0]
+    policy.touch([k(5), k(6), k(7)], {k(7)})
+    policy.retain([k(5), k(6), k(7)], 0)
+    assert [policy.hint_of(k(i)) for i in (5, 6, 7)] == [0.0, 0.0, 0.0]
+    assert drain(policy)[:4] == [k(4), k(5), k(6), k(7)]
+
+
+@pytest.mark.parametrize("name", policy_names())
 def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) -> None:
     """Scenario: the manager stops eviction at the storing request's own chunk
     (k(3), hinted 0 after k(2)); the policy is unchanged afterwards."""

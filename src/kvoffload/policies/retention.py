@@ -110,6 +110,10 @@ class RetentionPolicy(EvictionPolicy):
         self._claims: list[_Claim] = []
         self._ranks: list[_Ranked] = []
         self._seq = 0
+        self._children: OrderedDict[OffloadKey, OffloadKey] = OrderedDict()
+        """A chunk's first child: the first chunk a request stored after it."""
+        self._shared: OrderedDict[OffloadKey, None] = OrderedDict()
+        """Chunks seen with two different children (bounded, oldest out)."""
         self._latest = -math.inf
         self.counts = RetentionCounts()
 
@@ -136,6 +140,29 @@ class RetentionPolicy(EvictionPolicy):
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:
         self.inner.touch(keys, new)
+        if new and keys and keys[0] not in new:
+            self._note_branch(keys, new)
+
+    def _note_branch(self, keys: Sequence[OffloadKey], new: Set[OffloadKey]) -> None:
+        """A request that found a prefix and stored what follows it branches
+        there: the chunk before its first own one has that one as a child. A
+        chunk with two different children ends a prefix requests share (a
+        system prompt, say), which a 0 does not speak for (`retain`)."""
+        for i in range(1, len(keys)):
+            if keys[i] in new:
+                parent, child = keys[i - 1], keys[i]
+                break
+        else:
+            return
+        first = self._children.get(parent)
+        if first is None:
+            self._children[parent] = child
+            if len(self._children) > self.inner.capacity:
+                self._children.popitem(last=False)
+        elif first != child and parent not in self._shared:
+            self._shared[parent] = None
+            if len(self._shared) > self.inner.capacity:
+                self._shared.popitem(last=False)
 
     def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
         return self.inner.admit(keys)
@@ -148,6 +175,8 @@ class RetentionPolicy(EvictionPolicy):
         self._used.clear()
         self._claims.clear()
         self._ranks.clear()
+        self._children.clear()
+        self._shared.clear()
         self._latest = -math.inf
 
     # -- hints -------------------------------------------------------------------
@@ -163,6 +192,12 @@ class RetentionPolicy(EvictionPolicy):
             return
         deadline = self._deadline
         if seconds <= 0:
+            shared = self._shared
+            if shared:  # the prefix other requests share is not this one's to drop
+                for i in range(len(keys) - 1, -1, -1):
+                    if keys[i] in shared:
+                        keys = keys[i + 1 :]
+                        break
             zero = self._zero
             for key in keys:
                 if key not in deadline:
