@@ -158,8 +158,9 @@ def test_a_zero_spares_the_prefix_other_requests_branch_from(name: str) -> None:
     conversation's history that never branched (5, 6, then 7 after them) is
     covered whole."""
     policy, _ = wrapped(name, capacity=16)
-    for i in range(8):
+    for i in range(9):
         policy.insert(k(i))
+    policy.retain([k(8)], 60)  # some request has sent a hint
     policy.touch([k(0), k(1), k(2)], {k(2)})
     policy.touch([k(0), k(1), k(3)], {k(3)})
     policy.touch([k(0), k(1), k(4)], {k(4)})

@@ -110,6 +110,9 @@ class RetentionPolicy(EvictionPolicy):
         self._claims: list[_Claim] = []
         self._ranks: list[_Ranked] = []
         self._seq = 0
+        self._hinting = False
+        """Whether any request has sent a hint: until then nothing is learned
+        for them, so a deployment that sends none pays nothing."""
         self._children: OrderedDict[OffloadKey, OffloadKey] = OrderedDict()
         """A chunk's first child: the first chunk a request stored after it."""
         self._shared: OrderedDict[OffloadKey, None] = OrderedDict()
@@ -140,7 +143,7 @@ class RetentionPolicy(EvictionPolicy):
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:
         self.inner.touch(keys, new)
-        if new and keys and keys[0] not in new:
+        if self._hinting and new and keys and keys[0] not in new:
             self._note_branch(keys, new)
 
     def _note_branch(self, keys: Sequence[OffloadKey], new: Set[OffloadKey]) -> None:
@@ -190,6 +193,7 @@ class RetentionPolicy(EvictionPolicy):
         """Put resident `keys` (prefix order) under a hint of `seconds` from now."""
         if not keys:
             return
+        self._hinting = True
         deadline = self._deadline
         if seconds <= 0:
             shared = self._shared
