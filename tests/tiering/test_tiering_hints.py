@@ -127,6 +127,29 @@ def test_the_file_tier_evicts_chunks_hinted_0_first(tmp_path: Path) -> None:
     m.shutdown()
 
 
+def test_a_touch_hinted_0_leaves_the_file_tiers_order_alone(tmp_path: Path) -> None:
+    """Scenario: chunks 1-2, then 3-4, stored unhinted; a request hinted 0
+    touches 3-4 in the file tier (say a system prompt other conversations share:
+    host memory cuts a 0 at the last branch point, and only the cascade carries
+    that cut). The next two stores evict 1-2, the oldest, as without the 0."""
+    m, engine, tier = file_stack(tmp_path, 4 * FILE)
+    for ids, name in (([1, 2], "a"), ([3, 4], "b")):
+        ctx = hinted(name, None)
+        m.on_new_request(ctx)
+        engine.store(keys(*ids), ctx)
+        engine.settle()
+    tier.touch(keys(3, 4), hinted("last", 0))
+    later = hinted("c", None)
+    m.on_new_request(later)
+    engine.store(keys(5, 6), later)
+    engine.settle()
+    files = {k: os.path.exists(tier.chunk_path(k)) for k in keys(1, 2, 3, 4, 5, 6)}
+    assert files == dict(
+        zip(keys(1, 2, 3, 4, 5, 6), [False, False, True, True, True, True], strict=True)
+    )
+    m.shutdown()
+
+
 def test_a_chunk_file_of_the_format_before_hints_still_loads(tmp_path: Path) -> None:
     m, _, tier = file_stack(tmp_path, 8 * FILE)
     path = tier.chunk_path(key(7))

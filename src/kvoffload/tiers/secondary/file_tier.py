@@ -450,11 +450,15 @@ class FileTier(SecondaryTier):
         )
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        """Recency, and the request's retention hint from now, as in the
-        primary tier: a conversation that comes back renews its prefix's hint
-        in every tier, not only in host memory."""
+        """Recency, and the request's positive retention hint from now, as in
+        the primary tier: a conversation that comes back renews its prefix's
+        hint in every tier, not only in host memory. A 0 arrives with the
+        cascade instead (`TierJob.hints`), as host memory cut it: past the last
+        point where requests branch, so not on a prefix others share."""
         self._index.touch(keys)
-        self._index.retain(keys, ctx.params.retention_s)
+        hint = ctx.params.retention_s
+        if hint is not None and hint > 0:
+            self._index.retain(keys, hint)
 
     def has_pending_work(self) -> bool:
         # Files evicted for a rescan's finds, not yet reported deleted: their
