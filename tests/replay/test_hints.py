@@ -15,16 +15,8 @@ from kvoffload.replay.hints import next_turn_gaps, parse_hint_mode
 from .test_tiered_replay import BEFORE, FIELDS
 
 
-def _trace(path: Path) -> Path:
-    """Two conversations sharing block 0 (as every request of the bundled trace
-    does): A at 0 s, 30 s, 50 s; B at 10 s and 60 s."""
-    lines = [
-        (0, [0, 1, 2]),
-        (10_000, [0, 5]),
-        (30_000, [0, 1, 2, 3]),
-        (50_000, [0, 1, 2, 3, 4]),
-        (60_000, [0, 5, 6]),
-    ]
+def _write(path: Path, lines: list[tuple[int, list[int]]]) -> Path:
+    """A Mooncake trace of (timestamp in ms, hash ids) lines."""
     path.write_text(
         "".join(
             json.dumps(
@@ -42,6 +34,19 @@ def _trace(path: Path) -> Path:
     return path
 
 
+def _trace(path: Path) -> Path:
+    """Two conversations sharing block 0 (as every request of the bundled trace
+    does): A at 0 s, 30 s, 50 s; B at 10 s and 60 s."""
+    lines = [
+        (0, [0, 1, 2]),
+        (10_000, [0, 5]),
+        (30_000, [0, 1, 2, 3]),
+        (50_000, [0, 1, 2, 3, 4]),
+        (60_000, [0, 5, 6]),
+    ]
+    return _write(path, lines)
+
+
 def test_a_next_turn_is_the_next_request_to_extend_the_prompt(tmp_path: Path) -> None:
     workload = load_mooncake(_trace(tmp_path / "t.jsonl"), time_scale=1.0)
     assert next_turn_gaps(workload) == [30.0, 50.0, 20.0, None, None]
@@ -56,22 +61,7 @@ def test_a_system_prompt_many_conversations_share_is_no_turn_of_theirs(
     system = [900, 901, 902]
     lines = [(1000 * c, [*system, 10 * c]) for c in range(20)]
     lines += [(100_000 + 1000 * c, [*system, 10 * c, 10 * c + 1]) for c in range(20)]
-    path = tmp_path / "t.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "timestamp": t,
-                    "input_length": 512 * len(ids) - 100,
-                    "output_length": 4,
-                    "hash_ids": ids,
-                }
-            )
-            + "\n"
-            for t, ids in lines
-        )
-    )
-    workload = load_mooncake(path, time_scale=1.0)
+    workload = load_mooncake(_write(tmp_path / "t.jsonl", lines), time_scale=1.0)
     assert next_turn_gaps(workload) == [100.0] * 20 + [None] * 20
 
 
