@@ -57,11 +57,9 @@ def small_chat(n: int = 800) -> Workload:
     return Workload(w.name, w.requests[:n], w.hash_block_tokens, actual[:n])
 
 
-def replay(w: Workload, host: int, *tiers: str, defer: float = 10.0) -> ReplayResult:
+def replay(w: Workload, host: int, *tiers: str) -> ReplayResult:
     settings = ReplaySettings(
-        chunk_tokens=512,
-        tiers=tuple(parse_tier_spec(t) for t in tiers),
-        max_defer_s=defer,
+        chunk_tokens=512, tiers=tuple(parse_tier_spec(t) for t in tiers)
     )
     return run_replay(w, "lru", host, settings)
 
@@ -125,8 +123,8 @@ def test_on_the_bundled_trace_a_file_tier_serves_what_its_capacity_holds(
     """5,859 host chunks and a 50,000-chunk disk: the hit ratio of a 50,000-chunk
     LRU (the disk holds what host memory holds too), within 0.012 of the
     infinite cache; its TTFT above host memory of 55,859 chunks by at least the
-    time the disk spends reading for a request. With a deferral bound long
-    enough for a long prompt's chunks (see docs/fleet.md)."""
+    time the disk spends reading for a request. With the default deferral
+    bound, long enough for a long prompt's chunks (see docs/fleet.md)."""
     scale = _auto_scale(load_mooncake(bundled_trace), TimeModel(), 0.5)
     w = load_mooncake(bundled_trace, time_scale=scale)
     tiered = replay(w, 5859, "file:50000")

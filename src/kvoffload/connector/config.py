@@ -8,6 +8,15 @@ from dataclasses import dataclass
 
 from kvoffload.config import finite_seconds, is_count, shown
 
+DEFAULT_MAX_DEFER_S = 10.0
+"""Long enough for a local disk or a Redis server to return a long prefix (100
+chunks of 64 MiB are 6.7 GB: 1.3 s at 5 GB/s, 2.7 s at 2.5 GB/s, longer behind
+other requests' reads), which is faster than recomputing it; short enough that a
+stalled tier costs a request seconds, not minutes. Measured on the bundled trace
+(docs/fleet.md): with 1 s a disk behind host memory gave 0.196 of prompt chunks
+where it gives 0.217 with time to wait, and a shared Redis tier 0.107 against
+0.217."""
+
 
 def is_valid_max_defer_s(value: object) -> bool:
     """A finite number of seconds >= 0, not a bool: NaN never compares, and inf
@@ -75,7 +84,7 @@ class ConnectorConfig:
     groups: tuple[GroupSpec, ...]
     hash_block_tokens: int = 0
     offload_prompt_only: bool = True
-    max_defer_s: float = 1.0
+    max_defer_s: float = DEFAULT_MAX_DEFER_S
     world_size: int = 1
     engine_prefix_caching: bool = True
     null_block_id: int | None = None

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
+from kvoffload.connector.config import DEFAULT_MAX_DEFER_S
 from kvoffload.replay.cli_types import float_in, int_in, router_name, tier_spec
 from kvoffload.replay.limits import MAX_DEFER_S, MAX_ENGINES, MAX_GENERATED_REQUESTS
 from kvoffload.replay.routers import ROUTERS
@@ -48,7 +49,7 @@ def add_tier_and_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         type=float_in(0.0, MAX_DEFER_S),
         metavar="SECONDS",
         help="longest a request waits for chunks in flight, the connector's "
-        "max_defer_s (default: 1)",
+        f"max_defer_s (default: {DEFAULT_MAX_DEFER_S:g})",
     )
     parser.add_argument(
         "--requests",

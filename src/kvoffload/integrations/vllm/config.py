@@ -22,7 +22,7 @@ from typing import Any
 from kvoffload.config import config_mapping, is_count, parse_size, shown
 from kvoffload.config.errors import ErrorList, unknown_key
 from kvoffload.config.sources import CONFIG_FILE_KEY, expand_env, with_config_file
-from kvoffload.connector.config import is_valid_max_defer_s
+from kvoffload.connector.config import DEFAULT_MAX_DEFER_S, is_valid_max_defer_s
 from kvoffload.policies import get_policy_class, policy_names
 from kvoffload.policies.retention import (
     DEFAULT_MAX_HINTED_SHARE,
@@ -43,7 +43,8 @@ KEYS: dict[str, str] = {
     "offload_prompt_only": "store only prompt chunks (default true)",
     "secondary_tiers": "list of tiers behind host memory: {'type': 'file', 'path': ..., "
     "'capacity': ...} or {'type': 'redis', 'url': ...}",
-    "max_defer_s": "longest a request waits for chunks still in flight (default 1.0)",
+    "max_defer_s": "longest a request waits for chunks still in flight "
+    f"(default {DEFAULT_MAX_DEFER_S:g})",
     "max_hinted_share": "share of each tier that retention hints (kv_retention_s) "
     f"may hold, 0 to 1 (default {DEFAULT_MAX_HINTED_SHARE})",
     "model_tag": "names the weights in keys, files and Redis instead of the model's "
@@ -221,7 +222,7 @@ class KVOffloadSettings:
     offload_prompt_only: bool = True
     # Not in the repr: a tier's mapping may hold a password.
     secondary_tiers: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
-    max_defer_s: float = 1.0
+    max_defer_s: float = DEFAULT_MAX_DEFER_S
     max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE
     model_tag: str | None = None
     config_file: str | None = None
@@ -254,7 +255,7 @@ class KVOffloadSettings:
             max_tracker_size=values.get("max_tracker_size", 64_000),
             offload_prompt_only=values.get("offload_prompt_only", True),
             secondary_tiers=values.get("secondary_tiers", ()),
-            max_defer_s=values.get("max_defer_s", 1.0),
+            max_defer_s=values.get("max_defer_s", DEFAULT_MAX_DEFER_S),
             max_hinted_share=values.get("max_hinted_share", DEFAULT_MAX_HINTED_SHARE),
             model_tag=values.get("model_tag"),
             config_file=source,
