@@ -80,6 +80,19 @@ def test_a_file_tier_adds_hits_and_each_tier_reports_its_share() -> None:
     assert file.read_gbps_mean is not None and file.read_gbps_mean < 5.0
 
 
+def test_a_disk_written_back_holds_what_host_memory_does_not() -> None:
+    """Written through, a disk holds host memory's chunks too; written back
+    (`file:N:back`) it is written only what host memory is about to evict, and
+    the two hold more distinct chunks: more hits, never more than one host
+    memory of both sizes."""
+    w = small_chat()
+    through, back = replay(w, 200, "file:600"), replay(w, 200, "file:600:back")
+    one = replay(w, 800)
+    assert back.hit_ratio > through.hit_ratio + 0.01
+    assert back.hit_ratio <= one.hit_ratio
+    assert back.tiers[1].chunks_loaded > through.tiers[1].chunks_loaded
+
+
 def test_a_slower_tier_costs_time_to_first_token() -> None:
     """The same chunks from a slower disk: more TTFT for the same hits; a disk
     slower than the stream of stores backs host memory up (its chunks stay
@@ -122,15 +135,20 @@ def test_on_the_bundled_trace_a_file_tier_serves_what_its_capacity_holds(
 ) -> None:
     """5,859 host chunks and a 50,000-chunk disk: the hit ratio of a 50,000-chunk
     LRU (the disk holds what host memory holds too), within 0.012 of the
-    infinite cache; its TTFT above host memory of 55,859 chunks by at least the
-    time the disk spends reading for a request. With the default deferral
-    bound, long enough for a long prompt's chunks (see docs/fleet.md)."""
+    infinite cache (written back, within 0.01); its TTFT above host memory of
+    55,859 chunks by at least the time the disk spends reading for a request.
+    With the default deferral bound, long enough for a long prompt's chunks
+    (see docs/fleet.md)."""
     scale = _auto_scale(load_mooncake(bundled_trace), TimeModel(), 0.5)
     w = load_mooncake(bundled_trace, time_scale=scale)
     tiered = replay(w, 5859, "file:50000")
     host = replay(w, 55859)
     assert tiered.hit_ratio == pytest.approx(0.366, abs=0.012)
     assert tiered.hit_ratio == pytest.approx(0.355, abs=0.003)  # LRU at 50,000
+    # Written back, the disk holds what host memory does not: within 0.01 of
+    # the infinite cache (0.3664), below host memory of both sizes (0.358).
+    back = replay(w, 5859, "file:50000:back")
+    assert 0.3664 - 0.01 <= back.hit_ratio <= host.hit_ratio
     file = tiered.tiers[1]
     read_s = file.bytes_loaded / (file.gbps or 1) / 1e9 / tiered.requests
     assert tiered.est_ttft_s - host.est_ttft_s > read_s > 0

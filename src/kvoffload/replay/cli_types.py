@@ -154,11 +154,23 @@ def _clip(text: str) -> str:
 
 
 def tier_spec(text: str) -> TierSpec:
-    """`KIND:CAPACITY[:GBPS]`: a modeled secondary tier (see `tier_specs`)."""
+    """`KIND:CAPACITY[:GBPS][:back]`: a modeled secondary tier (see `tier_specs`)."""
     try:
         return parse_tier_spec(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def shared_tier_spec(text: str) -> TierSpec:
+    """A `tier_spec` every engine of a fleet shares: written through."""
+    spec = tier_spec(text)
+    if spec.write_back:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a tier the engines share is written through (the others "
+            "would find a chunk only once one engine's host memory evicts it); "
+            "drop ':back'"
+        )
+    return spec
 
 
 def router_name(text: str) -> str:

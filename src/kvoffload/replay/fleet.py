@@ -43,6 +43,13 @@ class FleetSettings:
     def __post_init__(self) -> None:
         if type(self.engines) is not int or self.engines < 1:
             raise ValueError(f"--engines must be an integer >= 1, got {self.engines!r}")
+        shared = self.shared_tier
+        if shared is not None and shared.write_back:
+            raise ValueError(
+                f"--shared-tier {shared.text!r}: a tier the engines share is "
+                "written through (the others would find a chunk only once one "
+                "engine's host memory evicts it); drop ':back'"
+            )
 
     @property
     def shared_name(self) -> str | None:

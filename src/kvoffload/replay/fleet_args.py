@@ -7,7 +7,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvoffload.connector.config import DEFAULT_MAX_DEFER_S
-from kvoffload.replay.cli_types import float_in, int_in, router_name, tier_spec
+from kvoffload.replay.cli_types import (
+    float_in,
+    int_in,
+    router_name,
+    shared_tier_spec,
+    tier_spec,
+)
 from kvoffload.replay.limits import MAX_DEFER_S, MAX_ENGINES, MAX_GENERATED_REQUESTS
 from kvoffload.replay.routers import ROUTERS
 
@@ -17,10 +23,12 @@ def add_tier_and_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--tier",
         action="append",
         type=tier_spec,
-        metavar="KIND:CAPACITY[:GBPS]",
+        metavar="KIND:CAPACITY[:GBPS][:back]",
         help="a secondary tier behind host memory, on each engine (repeat, in "
         "order): file or redis; CAPACITY in chunks, or a size such as 200GiB; "
-        "GBPS its bandwidth, if not given file 5, redis 2.5 (default: none)",
+        "GBPS its bandwidth, if not given file 5, redis 2.5; ':back' writes a "
+        "file tier back (a chunk is written when host memory is about to evict "
+        "it, so the disk holds what host memory does not) (default: none)",
     )
     parser.add_argument(
         "--engines",
@@ -39,7 +47,7 @@ def add_tier_and_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shared-tier",
-        type=tier_spec,
+        type=shared_tier_spec,
         metavar="KIND:CAPACITY[:GBPS]",
         help="one tier every engine of the fleet reads and writes, behind its "
         "own (default: none)",

@@ -85,6 +85,7 @@ class ModeledTier(SecondaryTier):
             defaults.medium,
             defaults.locality,
             max_inflight_chunks=max_inflight_chunks,
+            write_back=backend.spec.write_back,
         )
         self.backend = backend
         self._clock = clock
@@ -148,6 +149,10 @@ class ModeledFileTier(ModeledTier):
     ) -> None:
         super().__init__(name, backend, clock, FILE_MAX_INFLIGHT, record_events)
         self._index = backend.index
+
+    def holds(self, key: OffloadKey) -> bool:
+        index = self._index
+        return index.is_known(key) and not index.is_deleting(key)
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._stats.lookups += 1

@@ -1,8 +1,9 @@
 """The secondary tiers a replay models, as written on the command line.
 
-`KIND:CAPACITY[:GBPS]`: `file:50000` is a local disk of 50,000 chunks at the
-kind's default bandwidth, `redis:200GiB:2.5` a Redis/Valkey server of 200 GiB at
-2.5 GB/s. A capacity of plain digits counts chunks; one with a unit (`GiB`, `TB`,
+`KIND:CAPACITY[:GBPS][:back]`: `file:50000` is a local disk of 50,000 chunks at
+the kind's default bandwidth, `redis:200GiB:2.5` a Redis/Valkey server of 200
+GiB at 2.5 GB/s, `file:50000:back` a disk written back (the file tier's `write:
+back`: a chunk is written when host memory is about to evict it). A capacity of plain digits counts chunks; one with a unit (`GiB`, `TB`,
 ...) counts bytes and holds as many whole chunks as fit. Each kind has a fixed
 start-up latency per transfer (a disk read, a network round trip).
 """
@@ -40,7 +41,10 @@ MAX_GBPS = 1e6
 """1 PB/s: a bandwidth beyond it is a typo (and in bytes per second, past a float)."""
 MAX_DIGITS = 18
 """A capacity in chunks has at most this many digits (10^18 chunks: no tier)."""
-_ALLOWED = "KIND:CAPACITY[:GBPS] with KIND file or redis, e.g. 'file:50000' or 'redis:200GiB:2.5'"
+_ALLOWED = (
+    "KIND:CAPACITY[:GBPS][:back] with KIND file or redis, e.g. 'file:50000', "
+    "'redis:200GiB:2.5' or 'file:50000:back' (a file tier written back)"
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class TierSpec:
     capacity_in_bytes: bool
     gbps: float
     text: str = ""
+    write_back: bool = False
+    """Written when host memory is about to evict a chunk (`file` only)."""
 
     @property
     def defaults(self) -> TierKindDefaults:
@@ -76,8 +82,12 @@ class TierSpec:
 
 
 def parse_tier_spec(text: str) -> TierSpec:
-    """A `TierSpec` from `KIND:CAPACITY[:GBPS]`; ValueError naming what is wrong."""
+    """A `TierSpec` from `KIND:CAPACITY[:GBPS][:back]`; ValueError naming what is
+    wrong."""
     parts = text.split(":")
+    write_back = len(parts) > 2 and parts[-1] == "back"
+    if write_back:
+        parts.pop()
     if len(parts) not in (2, 3):
         raise ValueError(f"{text!r} is not {_ALLOWED}")
     kind = parts[0]
@@ -87,8 +97,13 @@ def parse_tier_spec(text: str) -> TierSpec:
             f"{', '.join(TIER_KINDS)} ({_ALLOWED})"
         )
     capacity, in_bytes = _capacity(text, parts[1])
+    if write_back and kind != "file":
+        raise ValueError(
+            f"{text!r}: only a file tier can be written back (':back'); "
+            f"{kind!r} is written through"
+        )
     gbps = TIER_KINDS[kind].gbps if len(parts) == 2 else _gbps(text, parts[2])
-    return TierSpec(cast(TierKind, kind), capacity, in_bytes, gbps, text)
+    return TierSpec(cast(TierKind, kind), capacity, in_bytes, gbps, text, write_back)
 
 
 def _capacity(text: str, field: str) -> tuple[int, bool]:

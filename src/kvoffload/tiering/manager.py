@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from kvoffload.keys import OffloadKey
 from kvoffload.tiering.config import TieringConfig
+from kvoffload.tiering.demotion import DEMOTION_CONTEXT, Demotions
 from kvoffload.tiering.promotions import PromotionTracker, promotion_batches
 from kvoffload.tiering.requests import RequestState, RequestTracker
 from kvoffload.tiers.base import (
@@ -85,6 +86,9 @@ class TieringManager(OffloadingManager):
     - Hit tokens: a chunk promoted for a request counts for the tier it came
       from at that request's first load of it; every other load counts for the
       primary tier.
+    - Write-back tiers (`SecondaryTier.write_back`) take no part in the above
+      cascades nor in touches: they are written the chunks host memory is about
+      to evict (`tiering/demotion.py`), once per step at most.
     - `on_request_finished` reaches the secondary tiers once no cascade for the
       request can follow.
     """
@@ -113,6 +117,7 @@ class TieringManager(OffloadingManager):
         self._inflight = [0] * len(self.tiers)
         self._shed = [0] * len(self.tiers)
         self._hit_tokens = [0] * len(self.tiers)
+        self._demotions = Demotions(primary, self.tiers)
         self._polled = False
 
     # -- completions -------------------------------------------------------------
@@ -212,8 +217,10 @@ class TieringManager(OffloadingManager):
         ctx: ReqContext,
         tiers: Iterable[int],
         sent: _Sent | None = None,
+        demoting: bool = False,
     ) -> None:
         """Store readable primary chunks into `tiers`, pinned until the job ends.
+        Write-back tiers only when `demoting`, and only they then.
 
         `sent` holds the (key, tier) pairs the same completion already offered,
         stored or shed: those are skipped, and the pairs offered here are added.
@@ -226,6 +233,8 @@ class TieringManager(OffloadingManager):
         allowed = ctx.params.store_tiers
         for index in tiers:
             tier = self.tiers[index]
+            if tier.write_back != demoting:
+                continue
             if not allowed.allows(tier.name, tier.medium, tier.locality):
                 continue
             offered = keys
@@ -409,7 +418,8 @@ class TieringManager(OffloadingManager):
     ) -> None:
         self.primary.touch(keys, ctx, stored=stored)
         for tier in self.tiers:
-            tier.touch(keys, ctx)
+            if not tier.write_back:  # it holds what host memory does not
+                tier.touch(keys, ctx)
 
     def prepare_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, *, may_evict: bool = True
@@ -509,8 +519,29 @@ class TieringManager(OffloadingManager):
 
     # -- per step, events, stats, reset ------------------------------------------
 
+    def _demote(self) -> None:
+        """Write to each write-back tier the chunks of host memory's eviction
+        window it lacks, and touch there those it has (`Demotions`)."""
+        demotions = self._demotions
+        if not demotions.due():
+            return
+        window = demotions.window()
+        for index in demotions.indices:
+            tier = self.tiers[index]
+            held: list[OffloadKey] = []
+            missing: list[OffloadKey] = []
+            for key in window:
+                (held if tier.holds(key) else missing).append(key)
+            if held:
+                tier.touch(held, DEMOTION_CONTEXT)
+            room = max(0, tier.max_inflight_chunks - self._inflight[index])
+            if len(missing) > room:
+                demotions.fell_behind()
+            self._cascade(missing[:room], DEMOTION_CONTEXT, (index,), demoting=True)
+
     def on_schedule_end(self) -> None:
         self._poll()
+        self._demote()
         self._submit_promotions()
         for tier in self.tiers:
             tier.on_schedule_end()
@@ -560,6 +591,7 @@ class TieringManager(OffloadingManager):
         for tier in self.tiers:
             tier.reset_cache()
         self.primary.reset_cache(busy_slots)
+        self._demotions.reset()
         self._polled = False
 
     def release_slots(self, slots: Iterable[int]) -> None:

@@ -34,7 +34,7 @@ def test_one_line_for_host_memory_and_one_per_tier() -> None:
         "host memory 'cpu': 64 GiB, eviction split, chunks of 256 tokens, prompt "
         "chunks only, max_defer_s 10, max_hinted_share 0.35",
         "tier 'file' (file, local): /nvme/kv, capacity 1.5 TiB, eviction lru, "
-        "chunk_level, file_mode 0600",
+        "chunk_level, written through, file_mode 0600",
         "tier 'ram2' (memory, local): capacity 100 chunks, eviction lru, chunk_level",
     ]
 

@@ -64,6 +64,7 @@ def describe_tier(config: TierConfig) -> str:
             f"capacity {format_size(config.capacity_bytes)}",
             f"eviction {config.eviction_policy}",
             policy,
+            f"written {config.write}",
         ]
         if config.rescan_interval_s:
             parts.append(f"rescan every {config.rescan_interval_s:g} s")

@@ -8,6 +8,7 @@ planned before a reset may still touch is held out of use until it is released.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
@@ -93,6 +94,7 @@ class CPUOffloadingManager(OffloadingManager):
         # victims must rank below.
         self._loaded_by_request: dict[str, set[OffloadKey]] = {}
         self._stats = TierStats(capacity=num_chunks)
+        self._inserted = 0
 
     # -- introspection (no side effects) -----------------------------------------
 
@@ -273,6 +275,7 @@ class CPUOffloadingManager(OffloadingManager):
         new_slots = self._allocate(len(new))
         slots.update(zip(new, new_slots, strict=True))
         self._policy.insert_many(new)
+        self._inserted += len(new)
         self._writing.update(new)
         if not promotion:
             self._stored_by_request.setdefault(ctx.req_id, set()).update(new)
@@ -285,6 +288,31 @@ class CPUOffloadingManager(OffloadingManager):
                 OffloadingEvent(tuple(victims), self.medium, True, self.name)
             )
         return PrepareStoreOutput(tuple(new), tuple(new_slots), tuple(victims))
+
+    @property
+    def num_inserted(self) -> int:
+        """Chunks given a slot since start-up, stores and promotions (only grows)."""
+        return self._inserted
+
+    def eviction_order(self, n: int) -> list[OffloadKey]:
+        """The next `n` readable chunks the policy would give up, in its order,
+        pinned ones included (a pin ends). Nothing changes: the policy is asked
+        to evict with every chunk refused, and stopped once `n` were named."""
+        seen: list[OffloadKey] = []
+        if n <= 0:
+            return seen
+        writing = self._writing
+
+        def record(key: OffloadKey) -> bool:
+            if key not in writing:
+                seen.append(key)
+                if len(seen) >= n:
+                    raise StopEviction
+            return False
+
+        with contextlib.suppress(StopEviction):
+            self._policy.evict(n, (), record)
+        return seen
 
     def _evictable(
         self,

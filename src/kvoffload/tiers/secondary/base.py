@@ -113,6 +113,10 @@ class SecondaryTier(ABC):
     - Each submitted job produces exactly one result, from `get_finished_jobs`,
       in any order; `drain` blocks until every submitted job has a result
       queued; after `shutdown` no thread touches the buffer.
+    - A write-back tier (`write_back`) is not written when host memory stores
+      a chunk, and does not follow host memory's touches: the manager writes
+      it the chunks host memory is about to evict (`holds` tells which it
+      has), so it holds what host memory does not.
     - `on_new_request` is called once per request before any lookup, and
       returns the tier's offload policy for it; `on_request_finished` once,
       after the last job submitted for that request.
@@ -125,6 +129,7 @@ class SecondaryTier(ABC):
         locality: Locality,
         offload_policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL,
         max_inflight_chunks: int = 256,
+        write_back: bool = False,
     ) -> None:
         self.name = name
         self.medium: Medium = medium
@@ -133,8 +138,17 @@ class SecondaryTier(ABC):
         self.max_inflight_chunks = max_inflight_chunks
         """Cascaded chunks the manager may have in flight to this tier at once;
         beyond that it sheds cascades (backpressure)."""
+        self.write_back = write_back
+        """Written with the chunks host memory is about to evict, not those it
+        stores (`tiering/demotion.py`); such a tier implements `holds`."""
         self._events: list[OffloadingEvent] = []
         """Stored and removed events for `take_events`; tiers append to it."""
+
+    def holds(self, key: OffloadKey) -> bool:
+        """Whether the tier has `key` or is writing it: no I/O, nothing counted
+        (a write-back tier must answer it)."""
+        del key
+        return False
 
     @abstractmethod
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:

@@ -182,6 +182,38 @@ def _file_mode(value: object) -> int:
     )
 
 
+WRITE_MODES = ("through", "back")
+
+
+def _check_write(value: object) -> None:
+    if value not in WRITE_MODES:
+        raise ValueError(
+            f"write: {shown(value)} must be 'through' (every chunk host memory "
+            "stores is written) or 'back' (a chunk is written when host memory "
+            "is about to evict it: the tier holds what host memory does not)"
+        )
+
+
+def _check_write_back_alone(
+    write: str, offload_policy: OffloadPolicy, shared: bool
+) -> None:
+    """Write-back suits a tier that serves this engine alone, chunk by chunk."""
+    if write != "back":
+        return
+    if offload_policy is OffloadPolicy.REQUEST_LEVEL:
+        raise ValueError(
+            "write: 'back' cannot be combined with offload_policy "
+            "'request_level', which writes a request's whole context when it "
+            "is stored"
+        )
+    if shared:
+        raise ValueError(
+            "write: 'back' cannot be combined with rescan_interval_s > 0 (a "
+            "directory shared by engines): others would find a chunk only once "
+            "this engine's host memory evicts it"
+        )
+
+
 def _check_path(path: object) -> None:
     if not isinstance(path, str) or not path or "\0" in path:
         raise ValueError(
@@ -221,6 +253,10 @@ class FileTierConfig:
     file_mode: int = PRIVATE_FILE_MODE
     """Mode of the chunk files, 0600 or 0660 (`"0600"`, `"0660"` in mappings);
     directories get 0700 or 0770. Whatever the umask (see `file_access`)."""
+    write: str = "through"
+    """`through`: every chunk host memory stores is written (a restart finds
+    them all); `back`: a chunk is written when host memory is about to evict
+    it, so the tier holds what host memory does not (docs/fleet.md)."""
 
     def __post_init__(self) -> None:
         # Each check on its own: every bad setting is reported at once.
@@ -251,7 +287,13 @@ class FileTierConfig:
             _check_rescan_interval(self.rescan_interval_s)
         with errors.check():
             object.__setattr__(self, "file_mode", _file_mode(self.file_mode))
+        with errors.check():
+            _check_write(self.write)
         errors.raise_if_any()
+        # Checked once every field is known good.
+        _check_write_back_alone(
+            self.write, self.offload_policy, bool(self.rescan_interval_s)
+        )
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FileTierConfig:
@@ -268,6 +310,8 @@ class MemoryTierConfig:
     locality: Locality = "local"
     offload_policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
     max_inflight_chunks: int = 256
+    write: str = "through"
+    """As the file tier's `write`."""
 
     def __post_init__(self) -> None:
         errors = ErrorList()
@@ -284,7 +328,10 @@ class MemoryTierConfig:
             object.__setattr__(self, "offload_policy", policy)
         with errors.check():
             _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
+        with errors.check():
+            _check_write(self.write)
         errors.raise_if_any()
+        _check_write_back_alone(self.write, self.offload_policy, False)
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> MemoryTierConfig:

@@ -113,6 +113,7 @@ class FileTier(SecondaryTier):
             config.locality,
             config.offload_policy,
             config.max_inflight_chunks,
+            write_back=config.write == "back",
         )
         self.config = config
         self._buffer = buffer
@@ -285,6 +286,10 @@ class FileTier(SecondaryTier):
             )
 
     # -- scheduler-thread API ----------------------------------------------------
+
+    def holds(self, key: OffloadKey) -> bool:
+        index = self._index
+        return index.is_known(key) and not index.is_deleting(key)
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._stats.lookups += 1

@@ -49,6 +49,7 @@ class MemoryTier(SecondaryTier):
             config.locality,
             config.offload_policy,
             config.max_inflight_chunks,
+            write_back=config.write == "back",
         )
         self.config = config
         self._buffer = buffer
@@ -60,6 +61,9 @@ class MemoryTier(SecondaryTier):
         )
         self._finished: list[TierJobResult] = []
         self._stats = TierStats(capacity=config.capacity_chunks)
+
+    def holds(self, key: OffloadKey) -> bool:
+        return key in self._chunks
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._stats.lookups += 1
