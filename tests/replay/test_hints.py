@@ -175,8 +175,28 @@ def test_the_report_says_which_mode_ran(capsys: pytest.CaptureFixture[str]) -> N
     assert "retention hints session:60" in out
 
 
-def test_a_fleet_refuses_hints(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        kvoffload_main(["replay", "--workload", "synth-chat", "--engines", "2",
-                        "--hints", "oracle"])  # fmt: skip
-    assert "--hints" in capsys.readouterr().err
+def test_a_fleet_of_one_with_hints_is_the_single_engine_replay() -> None:
+    """Every engine of a fleet gets each request's hint: one engine behind a
+    router hits what a single-engine replay with the same hints hits."""
+    from kvoffload.replay.fleet import FleetSettings, run_fleet
+    from kvoffload.replay.runner import ReplaySettings, run_replay
+
+    from .test_tiered_replay import small_chat
+
+    w = small_chat(500)
+    hinted = ReplaySettings(chunk_tokens=512, hints=parse_hint_mode("oracle"))
+    plain = ReplaySettings(chunk_tokens=512)
+    single = run_replay(w, "lru", 150, hinted)
+    one = run_fleet(w, "lru", 150, hinted, FleetSettings(1, "session"))
+    assert one.hit_chunks == single.hit_chunks
+    assert (
+        one.hit_chunks != run_fleet(w, "lru", 150, plain, FleetSettings(1)).hit_chunks
+    )
+
+
+def test_a_fleet_replays_hints_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["replay", "--workload", "synth-chat", "--limit", "300", "--jobs", "1",
+            "--capacity-chunks", "50", "--engines", "2", "--hints", "session:60"]  # fmt: skip
+    assert kvoffload_main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "retention hints session:60" in out

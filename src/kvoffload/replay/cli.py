@@ -48,7 +48,6 @@ from kvoffload.replay.generators import (
 )
 from kvoffload.replay.hints import (
     add_hint_arguments,
-    check_hint_conflicts,
     hint_settings,
     hint_title,
 )
@@ -239,7 +238,6 @@ def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--target-load applies to --time-scale auto only")
     if args.model is not None and args.kv_bytes_per_token is not None:
         parser.error("give --model or --kv-bytes-per-token, not both")
-    check_hint_conflicts(parser, args)
 
 
 def _quiet_after_broken_pipe() -> int:

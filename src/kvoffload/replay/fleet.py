@@ -26,6 +26,7 @@ from kvoffload.replay.engine_stack import (
     build_backends,
 )
 from kvoffload.replay.fleet_report import FleetResult, fleet_result
+from kvoffload.replay.hints import hinted_params
 from kvoffload.replay.routers import make_router
 from kvoffload.replay.runner import ReplaySettings
 from kvoffload.replay.tier_specs import TierSpec
@@ -70,6 +71,9 @@ class _Fleet:
         fleet: FleetSettings,
     ) -> None:
         self.workload = workload
+        # Each request's retention hint, derived from the whole trace as for one
+        # engine: an application knows its conversations wherever they go.
+        self._hints = settings.hints.hints(workload)
         chunk_bytes = settings.chunk_bytes
         self.shared: list[NamedBackend] = []
         if fleet.shared_tier is not None:
@@ -151,6 +155,7 @@ class _Fleet:
             max_output_tokens=r.num_output_tokens,
             hashes=r.hashes,
             hash_block_tokens=w.hash_block_tokens,
+            kv_transfer_params=hinted_params(self._hints, i),
         )
         e = self.router.route(req, w.prompt_tokens(i), self.loads)
         if not 0 <= e < len(self.stacks):

@@ -29,6 +29,7 @@ from kvoffload.replay.cli import (
 from kvoffload.replay.fleet import FleetSettings, run_fleet
 from kvoffload.replay.fleet_args import tier_settings
 from kvoffload.replay.fleet_report import EngineResult, FleetResult
+from kvoffload.replay.hints import hint_settings, hint_title
 from kvoffload.replay.mooncake import MOONCAKE_BLOCK_TOKENS
 from kvoffload.replay.progress import ReplayProgress, progress_for
 from kvoffload.replay.runner import ReplaySettings
@@ -111,6 +112,7 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
                 offload_prompt_only=po,
                 time_model=tm,
                 **tier_settings(args),
+                **hint_settings(args, scale),
             ),
             FleetSettings(engines, router, args.shared_tier),
         )
@@ -132,6 +134,8 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
         f"cache {args.device_tokens:,} tokens, arrivals x{scale:.2f}; "
         f"infinite-cache hit ratio {inf.hit_ratio:.3f}"
     )
+    if args.hints.kind != "none":
+        title += f"; {hint_title(args.hints)}"
     tables = fleet_tables(results, title)
     records = [r.as_json() for r in results]
     records.append(report.offline_json("infinite", workload.name, None, inf))

@@ -37,7 +37,6 @@ from kvoffload.policies.retention import (
     DEFAULT_MAX_HINTED_SHARE,
     check_max_hinted_share,
 )
-from kvoffload.replay.fleet_args import is_fleet
 from kvoffload.replay.workload import Workload
 
 MODES = ("none", "oracle", "session", "noisy", "all")
@@ -201,15 +200,6 @@ def add_hint_arguments(parser: argparse.ArgumentParser) -> None:
         help="the share of each tier hints may hold (0 to 1; default "
         f"{DEFAULT_MAX_HINTED_SHARE:g}, as in the connector)",
     )
-
-
-def check_hint_conflicts(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> None:
-    """Hints are replayed on one engine: a fleet refuses them rather than
-    ignoring them."""
-    if is_fleet(args) and args.hints.kind != "none":
-        parser.error("--hints applies to one engine, not to a fleet (--engines)")
 
 
 def hint_settings(args: argparse.Namespace, scale: float) -> dict[str, Any]:
