@@ -201,6 +201,37 @@ def test_a_redis_value_holds_its_hint_and_outlives_ttl_s_while_held(
     b.shutdown()
 
 
+def test_a_cascade_without_a_hint_never_shortens_a_held_values_expiry(
+    redis_server: RedisServer,
+) -> None:
+    """Scenario: engine A stores a chunk held for 600 s (`ttl_s` 30); engine B,
+    whose request sends no hint, stores the same chunk: the value is not sent
+    again and keeps its 600 s expiry (renewing it to `ttl_s` would have let it
+    go in 30 s, against its hint). A value near its end is renewed to `ttl_s`."""
+    a, engine_a, tier = redis_stack(redis_server.url, ttl_s=30)
+    held = hinted("held", 600)
+    a.on_new_request(held)
+    engine_a.store(keys(1), held)
+    engine_a.settle()
+    client = redis.Redis.from_url(redis_server.url)
+    name = tier.redis_key(key(1))
+    b, engine_b, _ = redis_stack(redis_server.url, ttl_s=30)
+    plain = ReqContext("plain")
+    b.on_new_request(plain)
+    engine_b.store(keys(1), plain)
+    engine_b.settle()
+    assert b.get_stats()["redis"].chunks_stored == 0  # held: not sent again
+    assert client.pttl(name) > 590_000
+    client.pexpire(name, 2_000)
+    b.on_new_request(again := ReqContext("again"))
+    b.primary.reset_cache()
+    engine_b.store(keys(1), again)
+    engine_b.settle()
+    assert 20_000 < client.pttl(name) <= 30_000  # type: ignore[operator]
+    a.shutdown()
+    b.shutdown()
+
+
 def test_a_redis_value_of_the_format_before_hints_still_loads(
     redis_server: RedisServer,
 ) -> None:

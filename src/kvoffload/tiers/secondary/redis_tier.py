@@ -8,7 +8,8 @@ pool.
 Retention hints: the header holds a chunk's hint (format 2, in Unix time), so
 whichever engine loads it hands it to its primary tier. The server evicts by
 itself, so the tier can only shape expiry: with `ttl_s`, a held chunk's value
-expires no sooner than its hint ends (capped at about 139 years); without
+expires no sooner than its hint ends (capped at about 139 years), and no
+engine's store or renewal shortens it (`SET ... NX`, `PEXPIRE ... GT`); without
 `ttl_s` values never expire, hinted or not (an expiry would make them the first
 to go under the `volatile-*` policies). A chunk hinted 0 is not sent at all
 (counted in `store_skipped`): the server's LRU cannot be told to take it first.
@@ -403,35 +404,52 @@ class RedisTier(SecondaryTier):
             except Exception as exc:  # logged here, redacted, not by the pool
                 self._client_broke("store", exc)
                 return BatchOutcome(indices, 0)
-            return outcome._replace(held=kept)
+            return outcome._replace(held=[*kept, *outcome.held])
 
     def _still_held(self, job: TierJob, checked: list[int]) -> list[int]:
         """Of `checked`, those whose value the server holds; their expiry is
-        renewed (`ttl_s`), or without one their LRU clock, as a `SET` would. A
-        check the server refused counts as absent."""
+        renewed (`ttl_s`, or the hint's end), never shortened: a value held
+        under a longer hint keeps it (`PEXPIRE ... GT`, Redis 7 and Valkey;
+        an older server refuses the option and the expiry stays as it is).
+        Without `ttl_s` their LRU clock is renewed, as a `SET` would. A check
+        the server refused counts as absent."""
         if not checked:
             return []
+        expiries = [self._px(job.hint(i)) for i in checked]
         pipe = self._link.client.pipeline(transaction=False)
-        for i in checked:
+        for i, px in zip(checked, expiries, strict=True):
             name = self.redis_key(job.keys[i])
-            px = self._px(job.hint(i))
             if px is None:
                 # Not TOUCH: a cluster pipeline drops its reply (redis-py 8.1);
                 # not EXISTS: it leaves the LRU clock as it is.
                 pipe.strlen(name)
             else:
-                pipe.pexpire(name, px)
-        replies = self._link.execute(pipe)
-        return [
-            i
-            for i, reply in zip(checked, replies, strict=True)
-            if not isinstance(reply, Exception) and reply
-        ]
+                # GT answers 0 both for a value absent and for one whose expiry
+                # is later already: PTTL tells which (-2: absent).
+                pipe.pexpire(name, px, gt=True)
+                pipe.pttl(name)
+        replies = iter(self._link.execute(pipe))
+        held = []
+        for i, px in zip(checked, expiries, strict=True):
+            reply = next(replies)
+            if px is not None:
+                reply = next(replies)  # the PTTL's: the value's presence
+                present = not isinstance(reply, Exception) and reply != -2
+            else:
+                present = not isinstance(reply, Exception) and bool(reply)
+            if present:
+                held.append(i)
+        return held
 
     def _set_values(self, job: TierJob, indices: list[int]) -> BatchOutcome:
-        """`SET` each chunk's header and payload; raises what a failed pipeline
-        raises."""
-        sizes = []
+        """`SET` each chunk's header and payload unless the server has the key
+        already (`NX`: a key names its bytes, and a corrupt value is deleted
+        when read), whose expiry is then only extended (`PEXPIRE ... GT`): a
+        value held under another engine's longer hint keeps it. A key of
+        another type (no value of ours) is replaced. Raises what a failed
+        pipeline raises."""
+        sizes, expiring = [], []
+        values: dict[int, tuple[str, bytes, int | None]] = {}
         pipe = self._link.client.pipeline(transaction=False)
         for i in indices:
             key = job.keys[i]
@@ -441,18 +459,58 @@ class RedisTier(SecondaryTier):
             crc = payload_checksum(parts)
             header = encode_header(key, self._fingerprint, n, crc, hint, time.time())
             value = b"".join((header, *parts))  # one allocation, one copy each
-            pipe.set(self.redis_key(key), value, px=self._px(hint))
+            name, px = self.redis_key(key), self._px(hint)
+            values[i] = (name, value, px)
+            pipe.set(name, value, px=px, nx=True)
+            if px is not None:
+                pipe.pexpire(name, px, gt=True)
             sizes.append(n)
-        replies = self._link.execute(pipe)
-        failed, full, num_bytes = [], [], 0
-        for i, n, reply in zip(indices, sizes, replies, strict=True):
+            expiring.append(px is not None)
+        replies = iter(self._link.execute(pipe))
+        failed, full, held, num_bytes = [], [], [], 0
+        for i, n, extended in zip(indices, sizes, expiring, strict=True):
+            reply = next(replies)
+            if extended:
+                next(replies)  # PEXPIRE GT's: an older server refuses GT
             if isinstance(reply, redis.OutOfMemoryError):
                 full.append(i)
             if isinstance(reply, Exception):
                 failed.append(i)
+            elif reply is None:
+                held.append(i)  # there already (NX)
             else:
                 num_bytes += n
-        return BatchOutcome(failed, num_bytes, full=full)
+        if held:
+            replaced = self._replace_foreign([values[i] for i in held])
+            num_bytes += sum(
+                n
+                for i, n in zip(indices, sizes, strict=True)
+                if values[i][0] in replaced
+            )
+            held = [i for i in held if values[i][0] not in replaced]
+        return BatchOutcome(failed, num_bytes, full=full, held=held)
+
+    def _replace_foreign(self, found: list[tuple[str, bytes, int | None]]) -> set[str]:
+        """Of the keys `SET NX` found there, replace those that hold no string
+        (another application's list, say: no value of ours, which `MGET` would
+        read as absent for good); their names."""
+        client = self._link.client
+        pipe = client.pipeline(transaction=False)
+        for name, _, _ in found:
+            pipe.type(name)
+        kinds = self._link.execute(pipe)
+        foreign = [f for f, kind in zip(found, kinds, strict=True) if kind != b"string"]
+        if not foreign:
+            return set()
+        pipe = client.pipeline(transaction=False)
+        for name, value, px in foreign:
+            pipe.set(name, value, px=px)
+        replies = self._link.execute(pipe)
+        return {
+            name
+            for (name, _, _), reply in zip(foreign, replies, strict=True)
+            if not isinstance(reply, Exception)
+        }
 
     def _load_batch(self, job: TierJob, indices: tuple[int, ...]) -> BatchOutcome:
         names = [self.redis_key(job.keys[i]) for i in indices]
