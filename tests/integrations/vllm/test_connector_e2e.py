@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +97,45 @@ def make(llm_factory: LLMFactory, model: BuiltModel, **kwargs: Any) -> Any:
     return llm_factory(**model.vllm_args(), **DEVICE, **kwargs)
 
 
+@dataclass(frozen=True)
+class HostMemoryRun:
+    """A, the fillers and A again through kvoffload with host memory only."""
+
+    first: Any
+    again: Any
+    metrics: dict[tuple[str, str | None], Any]
+    """vLLM's metrics afterwards, by name and tier."""
+
+
+@pytest.fixture(scope="module")
+def host_memory_run(tiny_model: BuiltModel, vllm_in_process: None) -> HostMemoryRun:
+    """One engine plays the scenario for the tests that check what it leaves
+    (an engine start and the scenario are most of such a test's time)."""
+    from vllm import LLM
+
+    llm = LLM(
+        **tiny_model.vllm_args(),
+        enforce_eager=True,
+        max_model_len=2048,
+        disable_log_stats=False,
+        seed=0,
+        kv_transfer_config=kv_config(),
+        **DEVICE,
+    )
+    try:
+        first = run(llm, A)
+        evict(llm)
+        again = run(llm, A)
+        metrics = {(m.name, m.labels.get("tier")): m for m in llm.get_metrics()}
+        return HostMemoryRun(first, again, metrics)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def test_a_evicted_prefix_comes_back_from_host_memory(
-    llm_factory: LLMFactory, tiny_model: BuiltModel, reference: list[int]
+    host_memory_run: HostMemoryRun, reference: list[int]
 ) -> None:
-    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
-    first = run(llm, A)
-    evict(llm)
-    again = run(llm, A)
+    first, again = host_memory_run.first, host_memory_run.again
     assert first.num_cached_tokens == 0
     assert again.num_cached_tokens == 2 * BLOCK
     assert tokens(first) == tokens(again) == reference
@@ -277,14 +310,8 @@ def test_unknown_config_key_stops_start_up(
         make(llm_factory, tiny_model, kv_transfer_config=kv_config(cpu_bytes="1GiB"))
 
 
-def test_stats_reach_vllm_metrics(
-    llm_factory: LLMFactory, tiny_model: BuiltModel, reference: list[int]
-) -> None:
-    llm = make(llm_factory, tiny_model, kv_transfer_config=kv_config())
-    run(llm, A)
-    evict(llm)
-    run(llm, A)
-    metrics = {(m.name, m.labels.get("tier")): m for m in llm.get_metrics()}
+def test_stats_reach_vllm_metrics(host_memory_run: HostMemoryRun) -> None:
+    metrics = host_memory_run.metrics
     assert metrics[("vllm:kvoffload_hit_tokens", "connector")].value == 2 * BLOCK
     assert metrics[("vllm:kvoffload_chunks_loaded", "cpu")].value == 2
     assert metrics[("vllm:kvoffload_chunks_stored", "cpu")].value >= 2
