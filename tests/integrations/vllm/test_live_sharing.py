@@ -6,8 +6,8 @@ order, each on what the previous ones left. Engine A computes prompts, engine B
 serves them from the shared tiers (`kv_load_tiers` names the tier a check is
 about), A is killed with SIGKILL in the middle of a chunk write and restarted,
 and then both write into the directory at once, measured under its ledger's
-lock (`file_ledger`). Greedy outputs are compared with a third engine's, run
-first without kvoffload.
+lock (`file_ledger`). Greedy outputs are compared with a third engine's, without
+kvoffload, run in the test's process while A and B start.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from kvoffload.tiers.secondary.file_ledger import SpaceLedger
 from kvoffload.tiers.secondary.file_scan import count_directory
 from kvoffload.tiers.secondary.redis_server import RedisServer, find_redis_server
 
-from .conftest import VLLM_MISSING
+from . import share_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.redis]
 
@@ -176,21 +176,40 @@ def measure(directory: Path) -> tuple[int, int]:
         ledger.close()
 
 
+def plain_outputs(model: BuiltModel) -> dict[str, list[int]]:
+    """Each checked prompt's greedy output from an engine without kvoffload,
+    set up as `share_engine.py` sets up its engines. It runs in this process:
+    an engine of its own process would import vLLM once more."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        **model.vllm_args(),
+        enforce_eager=True,
+        max_model_len=2048,
+        seed=0,
+        disable_log_stats=False,
+        **share_engine.DEVICE,
+    )
+    try:
+        sampling = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        outputs = llm.generate(CHECKED, sampling, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return {
+        p: list(o.outputs[0].token_ids) for p, o in zip(CHECKED, outputs, strict=True)
+    }
+
+
 @pytest.fixture(scope="module")
 def fleet(
-    tiny_model: BuiltModel, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: BuiltModel,
+    vllm_in_process: None,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Fleet]:
-    pytest.importorskip("vllm", reason=VLLM_MISSING)
     if find_redis_server() is None:
         pytest.skip("redis-server not found (`make test` installs it)")
     root = tmp_path_factory.mktemp("sharing")
     model = tiny_model.vllm_args()
-    plain = Engine("plain", {"model": model, "kv": None}, root)
-    plain.ready()
-    outputs = plain.generate(CHECKED)
-    plain.close()
-    reference = {p: o["tokens"] for p, o in zip(CHECKED, outputs, strict=True)}
-
     with RedisServer(str(root)) as redis:
         kv = {
             "cpu_bytes_to_use": "32MiB",
@@ -207,6 +226,7 @@ def fleet(
         }
         engines = [Engine(n, {"model": model, "kv": kv}, root) for n in "ab"]
         try:
+            reference = plain_outputs(tiny_model)  # while A and B start
             for engine in engines:
                 engine.ready()
             yield Fleet(engines[0], engines[1], root / "kv", reference)
