@@ -172,6 +172,95 @@ def test_a_zero_spares_the_prefix_other_requests_branch_from(name: str) -> None:
     assert drain(policy)[:4] == [k(4), k(5), k(6), k(7)]
 
 
+def _learn_wrong_zeros(name: str, victims_back: bool) -> RetentionPolicy:
+    """A tier of 8 chunks whose application's first 0s (chunks 0-3) are all
+    loaded again after the tier evicted 2 other chunks (4 and 5, under no hint):
+    wrong, at age 2. With `victims_back`, 4 and 5 are stored again too."""
+    policy, _ = wrapped(name)
+    for i in range(8):
+        policy.insert(k(i))
+    first = [k(0), k(1), k(2), k(3)]
+    policy.retain(first, 0)
+    for i in (8, 9):
+        assert policy.evict(1, [k(i)], lambda key: key not in first) is not None
+        policy.insert(k(i))
+    policy.note_hit(first)
+    assert policy.wrong_zero_rate == 1.0
+    if victims_back:
+        assert policy.evict(2, [k(4), k(5)], lambda key: key in first) is not None
+        policy.insert_many([k(4), k(5)])
+    return policy
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_zeros_proven_wrong_wait_until_they_outlive_the_proofs(name: str) -> None:
+    """Scenario: the policy's victims are never asked for again, the 0s were
+    all wrong at age 2. A new 0 on the newest chunk 9 is not believed: the
+    policy's own victims go before it until it has outlived the age at which
+    0s were proven wrong (4 evictions: ages are told apart by powers of two);
+    then it goes first."""
+    policy = _learn_wrong_zeros(name, victims_back=False)
+    policy.retain([k(9)], 0)
+    assert policy.hint_of(k(9)) == 0.0 and not policy.zero_believed(k(9))
+    waited = 0
+    for i in range(10, 18):
+        if policy.zero_believed(k(9)):
+            break
+        victims = policy.evict(1, [k(i)], always)
+        assert victims is not None and victims != [k(9)]
+        waited += 1
+        policy.insert(k(i))
+    assert waited == 4
+    assert policy.evict(1, [], always) == [k(9)]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_zeros_wrong_no_more_often_than_the_policys_victims_go_first(
+    name: str,
+) -> None:
+    """Scenario: as above, but the policy's victims were all stored again too:
+    a 0 is no worse a bet than the chunk the policy would evict, so it is
+    believed at once and goes first."""
+    policy = _learn_wrong_zeros(name, victims_back=True)
+    policy.retain([k(9)], 0)
+    assert policy.zero_believed(k(9))
+    assert policy.evict(1, [k(10)], always) == [k(9)]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_zeros_never_proven_wrong_go_first_at_once(name: str) -> None:
+    """Scenario: 0s whose chunks are never asked for again are believed at once,
+    turn after turn: the application earns the trust it started with."""
+    policy, _ = wrapped(name)
+    for i in range(8):
+        policy.insert(k(i))
+    for i in range(8, 20):
+        policy.retain([k(i - 1)], 0)
+        assert policy.evict(1, [k(i)], always) == [k(i - 1)]
+        policy.insert(k(i))
+    assert policy.wrong_zero_rate == 0.0
+
+
+def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
+    """Scenario: chunk 0, hinted 0, is evicted first; a later request needs it
+    and stores it again: that proves the 0 wrong even though no load saw it,
+    and the next 0 on it is not believed at once (chunk 1, unhinted and older,
+    goes before it)."""
+    policy, _ = wrapped("lru", capacity=4)
+    for i in range(4):
+        policy.insert(k(i))
+    policy.retain([k(0)], 0)
+    assert policy.evict(1, [k(4)], always) == [k(0)]
+    policy.insert(k(4))
+    assert policy.wrong_zero_rate == 0.0
+    assert policy.evict(1, [k(0)], always) == [k(1)]
+    policy.insert(k(0))
+    assert policy.wrong_zero_rate == 1.0
+    policy.retain([k(0)], 0)
+    assert not policy.zero_believed(k(0))
+    assert policy.evict(1, [], always) == [k(2)]
+
+
 @pytest.mark.parametrize("name", policy_names())
 def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) -> None:
     """Scenario: the manager stops eviction at the storing request's own chunk
@@ -203,7 +292,9 @@ def test_max_hinted_share_is_checked() -> None:
 
 def _cls(policy: RetentionPolicy, key: OffloadKey) -> int:
     hint = policy.hint_of(key)
-    return 2 if hint is None else (1 if hint == 0 else 3)
+    if hint == 0:  # a 0 not yet believed ranks as no hint
+        return 1 if policy.zero_believed(key) else 2
+    return 2 if hint is None else 3
 
 
 @settings(max_examples=80, deadline=None)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from kvoffload.config import finite_seconds, shown
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import Evictable, EvictionPolicy
+from kvoffload.policies.zero_trust import ZeroTrust
 
 Clock = Callable[[], float]
 
@@ -101,8 +102,12 @@ class RetentionPolicy(EvictionPolicy):
         """Chunks under an unexpired hint within the bound, with its deadline."""
         # An OrderedDict, not a dict: chunks leave from the front, and a dict's
         # iteration walks every slot its deletions left, from the start.
-        self._zero: OrderedDict[OffloadKey, None] = OrderedDict()
-        """Chunks hinted 0, oldest first (a positive hint takes a chunk out)."""
+        self._zero: OrderedDict[OffloadKey, int] = OrderedDict()
+        """Chunks hinted 0, oldest first (a positive hint takes a chunk out),
+        with `ZeroTrust.clock` when hinted: believed once it is `ripe`."""
+        self._trust = ZeroTrust(inner.capacity)
+        self._gone = self._trust.gone
+        """The chunks evicted under a 0 (`ZeroTrust`): empty unless 0s are sent."""
         self._used: set[OffloadKey] = set()
         """Chunks loaded under their present hint (a later hint on a chunk is a
         new one, not yet honoured). Always within `_deadline`, which never
@@ -130,9 +135,13 @@ class RetentionPolicy(EvictionPolicy):
 
     def insert(self, key: OffloadKey) -> None:
         self.inner.insert(key)
+        if self._gone:
+            self._trust.stored((key,))
 
     def insert_many(self, keys: Sequence[OffloadKey]) -> None:
         self.inner.insert_many(keys)
+        if self._gone:
+            self._trust.stored(keys)
 
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
@@ -175,6 +184,7 @@ class RetentionPolicy(EvictionPolicy):
         self.inner.clear()
         self._deadline.clear()
         self._zero.clear()
+        self._trust.clear()
         self._used.clear()
         self._claims.clear()
         self._ranks.clear()
@@ -202,10 +212,7 @@ class RetentionPolicy(EvictionPolicy):
                     if keys[i] in shared:
                         keys = keys[i + 1 :]
                         break
-            zero = self._zero
-            for key in keys:
-                if key not in deadline:
-                    zero[key] = None
+            self._retain_zero(keys)
             return
         if self._limit == 0:
             return
@@ -238,6 +245,21 @@ class RetentionPolicy(EvictionPolicy):
         if len(self._claims) + len(self._ranks) > 8 * len(deadline) + 4096:
             self._compact()
 
+    def _retain_zero(self, keys: Sequence[OffloadKey]) -> None:
+        """Put `keys` under no positive hint in class 1 (believed once ripe,
+        `ZeroTrust`), dated by the eviction clock; a chunk hinted 0 already keeps
+        its date."""
+        deadline, zero = self._deadline, self._zero
+        trust = self._trust
+        now = trust.clock
+        given = 0
+        for key in keys:
+            if key not in deadline and key not in zero:
+                zero[key] = now
+                given += 1
+        if given:
+            trust.given(given)
+
     def note_hit(self, keys: Sequence[OffloadKey]) -> None:
         """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
         if not self._deadline and not self._zero:
@@ -251,8 +273,10 @@ class RetentionPolicy(EvictionPolicy):
                 used |= fresh
                 self.counts.honoured += len(fresh)
         if zero:
-            for key in zero.keys() & keys:
-                del zero[key]
+            wrong = zero.keys() & keys
+            if wrong:
+                now = self._trust.clock
+                self._trust.proven([now - zero.pop(key) for key in wrong])
 
     def hint_of(self, key: OffloadKey) -> float | None:
         """The hint `key` is under now, as a request gives one: seconds left
@@ -262,6 +286,22 @@ class RetentionPolicy(EvictionPolicy):
             left = due - self._clock()
             return left if left > 0 else None
         return 0.0 if key in self._zero else None
+
+    def zero_believed(self, key: OffloadKey) -> bool:
+        """Whether `key` is hinted 0 and the 0 is believed now: it goes first
+        (a 0 not yet believed ranks as no hint; `ZeroTrust`)."""
+        stamp = self._zero.get(key)
+        return stamp is not None and stamp <= self._ripe()
+
+    def _ripe(self) -> int:
+        """The eviction clock's reading at or before which a 0 is believed."""
+        return self._trust.ripe()
+
+    @property
+    def wrong_zero_rate(self) -> float:
+        """The share of chunks hinted 0 that were asked for again, as measured
+        lately (`ZeroTrust`)."""
+        return self._trust.rate
 
     def num_hinted(self) -> int:
         """Chunks under an unexpired hint (what the bound caps)."""
@@ -332,29 +372,47 @@ class RetentionPolicy(EvictionPolicy):
         if n <= 0 or (not self._deadline and not self._zero):
             return self.inner.evict(n, incoming, evictable)
         self._expire(self._clock())
-        taken = self._take_zero(n, evictable) if self._zero else []
-        rest = n - len(taken)
         hinted, zero = self._deadline, self._zero
+        ripe = self._ripe() if zero else 0
+        taken = self._take_zero(n, ripe, evictable) if zero else []
+        rest = n - len(taken)
         accepted = 0
 
         def unhinted(key: OffloadKey) -> bool:
             nonlocal accepted
-            if key in hinted or key in zero or not evictable(key):
+            if key in hinted:
+                return False
+            stamp = zero.get(key)  # a 0 not yet believed ranks as no hint
+            if (stamp is not None and stamp <= ripe) or not evictable(key):
                 return False
             accepted += 1
             return True
 
         got = self.inner.evict(rest, incoming, unhinted)
+        forget = got is None
         if got is None:
-            got = self._evict_hinted(rest, rest - accepted, incoming, evictable)
+            got = self._evict_hinted(rest, rest - accepted, incoming, evictable, ripe)
             if got is None:
                 return None
+        # (Else `got` holds no chunk under a positive hint: nothing to forget.)
+        if zero:
+            self._zero_evicted(taken, got)
+        if forget:
             self._forget(got)
-        # (Else `got` holds no hinted chunk: nothing to forget.)
+        return taken + got
+
+    def _zero_evicted(self, taken: list[OffloadKey], got: list[OffloadKey]) -> None:
+        """`taken` (class 1) and `got` leave. `ZeroTrust` remembers them: a
+        store of one again says what a 0, or the policy's victim, was worth."""
+        zero = self._zero
         for key in taken:
             self.inner.remove(key)
-            del zero[key]  # hinted 0 only: not under a deadline
-        return taken + got
+        # (`taken` are hinted 0 only: not under a deadline.)
+        zeros = [(key, zero.pop(key)) for key in taken]
+        victims = [key for key in got if key not in zero]
+        if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
+            zeros += [(key, zero.pop(key)) for key in got if key in zero]
+        self._trust.evicted(zeros, victims)
 
     def _pick_hinted(
         self, need: int, evictable: Evictable, picked: set[OffloadKey]
@@ -381,22 +439,29 @@ class RetentionPolicy(EvictionPolicy):
             for entry in popped:
                 heapq.heappush(ranks, entry)
 
-    def _take_zero(self, n: int, evictable: Evictable) -> list[OffloadKey]:
-        """Up to `n` evictable chunks hinted 0, oldest first (nothing removed)."""
+    def _take_zero(self, n: int, ripe: int, evictable: Evictable) -> list[OffloadKey]:
+        """Up to `n` evictable chunks whose 0 is believed (dated at or before
+        `ripe`), oldest first (nothing removed)."""
         taken: list[OffloadKey] = []
-        for key in self._zero:
-            if len(taken) == n:
+        for key, stamp in self._zero.items():
+            if len(taken) == n or stamp > ripe:  # dates only grow: the rest are younger
                 break
             if evictable(key):
                 taken.append(key)
         return taken
 
     def _evict_hinted(
-        self, n: int, need: int, incoming: Sequence[OffloadKey], evictable: Evictable
+        self,
+        n: int,
+        need: int,
+        incoming: Sequence[OffloadKey],
+        evictable: Evictable,
+        ripe: int,
     ) -> list[OffloadKey] | None:
         """Every evictable unhinted chunk (`n - need` of them, as far as the
         wrapped policy, which asked about each before giving up, tells), and the
-        `need` evictable hinted ones first in the order of class 3."""
+        `need` evictable hinted ones first in the order of class 3. A 0 dated
+        after `ripe` is not yet believed: it ranks as no hint."""
         hinted, zero = self._deadline, self._zero
         picked: set[OffloadKey] = set()
         if need > 0:
@@ -404,8 +469,12 @@ class RetentionPolicy(EvictionPolicy):
             if len(picked) < need:
                 return None
 
+        def believed(key: OffloadKey) -> bool:
+            stamp = zero.get(key)
+            return stamp is not None and stamp <= ripe
+
         def allowed(key: OffloadKey) -> bool:
-            if key in zero or (key in hinted and key not in picked):
+            if believed(key) or (key in hinted and key not in picked):
                 return False
             return evictable(key)
 
@@ -414,7 +483,7 @@ class RetentionPolicy(EvictionPolicy):
             # A policy that gave up before asking about every chunk: its own
             # order over everything but class 1 (taken already, or not evictable).
             got = self.inner.evict(
-                n, incoming, lambda key: key not in zero and evictable(key)
+                n, incoming, lambda key: not believed(key) and evictable(key)
             )
         if got is not None:
             self.counts.dropped += sum(1 for key in got if key in hinted)
