@@ -167,6 +167,27 @@ def test_hints_that_know_the_conversations_keep_what_they_need(
     assert _replay("oracle", capsys, *off) == _replay("session:600", capsys, *off)
 
 
+def test_wrong_zeros_cost_nothing_where_the_cache_has_room(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Scenario: a front-end wrong one time in five (`noisy:0.2`) at a capacity
+    where `split` keeps most of what comes back without hints. Its wrong 0s
+    used to send continuing conversations first (0.014 below no hints); the
+    tier now learns that its 0s are asked for again more often than its own
+    victims are, and holds them until that stops."""
+
+    def split(mode: str) -> float:
+        argv = ["replay", "--workload", "synth-chat", "--limit", "1500", "--jobs",
+                "1", "--capacity-chunks", "2000", "--policy", "split", "--json",
+                "--hints", mode]  # fmt: skip
+        assert kvoffload_main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        (record,) = [json.loads(line) for line in lines if '"split"' in line]
+        return float(record["hit_ratio"])
+
+    assert split("noisy:0.2") >= split("none") - 0.005
+
+
 def test_the_report_says_which_mode_ran(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["replay", "--workload", "synth-chat", "--limit", "300", "--jobs", "1",
             "--capacity-chunks", "100", "--policy", "lru", "--hints", "session:60"]  # fmt: skip

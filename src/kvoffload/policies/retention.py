@@ -5,7 +5,10 @@ A request's `kv_retention_s` says that a request sharing its prompt will come
 within that many seconds (0: none will). `RetentionPolicy` wraps any
 `EvictionPolicy` and changes only the order in which `evict` offers chunks:
 
-1. chunks hinted 0, the oldest hint first;
+1. chunks hinted 0, the oldest hint first, once the 0 is believed: a tier
+   learns how often, and how late, its application's 0s are proven wrong, and
+   until a 0 has outlived the age at which such 0s were asked for again more
+   often than the policy's own victims, it is in class 2 (`ZeroTrust`);
 2. chunks under no hint, in the wrapped policy's order;
 3. chunks under an unexpired hint, the longest hint first, and among hints of
    one length the soonest to expire.
@@ -81,7 +84,7 @@ class RetentionPolicy(EvictionPolicy):
     request extends it, an earlier one does not shorten it); `0` marks chunks
     under no hint as the first to go, while an unexpired hint of another request
     stands. A load of a chunk hinted 0 (`note_hit`) ends that hint: it was
-    wrong. `evict` keeps the contract of `EvictionPolicy` (exactly `n` victims
+    wrong, which `ZeroTrust` learns from. `evict` keeps the contract of `EvictionPolicy` (exactly `n` victims
     or `None`, `StopEviction` from `evictable` propagates having changed
     nothing) and asks `evictable` in the order of the module docstring.
     """
