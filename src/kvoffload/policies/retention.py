@@ -84,9 +84,10 @@ class RetentionPolicy(EvictionPolicy):
     request extends it, an earlier one does not shorten it); `0` marks chunks
     under no hint as the first to go, while an unexpired hint of another request
     stands. A load of a chunk hinted 0 (`note_hit`) ends that hint: it was
-    wrong, which `ZeroTrust` learns from. `evict` keeps the contract of `EvictionPolicy` (exactly `n` victims
-    or `None`, `StopEviction` from `evictable` propagates having changed
-    nothing) and asks `evictable` in the order of the module docstring.
+    wrong, which `ZeroTrust` learns from. `evict` keeps the contract of
+    `EvictionPolicy` (exactly `n` victims or `None`, `StopEviction` from
+    `evictable` propagates having changed nothing) and asks `evictable` in the
+    order of the module docstring.
     """
 
     def __init__(
@@ -294,11 +295,7 @@ class RetentionPolicy(EvictionPolicy):
         """Whether `key` is hinted 0 and the 0 is believed now: it goes first
         (a 0 not yet believed ranks as no hint; `ZeroTrust`)."""
         stamp = self._zero.get(key)
-        return stamp is not None and stamp <= self._ripe()
-
-    def _ripe(self) -> int:
-        """The eviction clock's reading at or before which a 0 is believed."""
-        return self._trust.ripe()
+        return stamp is not None and stamp <= self._trust.ripe()
 
     @property
     def wrong_zero_rate(self) -> float:
@@ -376,7 +373,7 @@ class RetentionPolicy(EvictionPolicy):
             return self.inner.evict(n, incoming, evictable)
         self._expire(self._clock())
         hinted, zero = self._deadline, self._zero
-        ripe = self._ripe() if zero else 0
+        ripe = self._trust.ripe() if zero else 0
         taken = self._take_zero(n, ripe, evictable) if zero else []
         rest = n - len(taken)
         accepted = 0
