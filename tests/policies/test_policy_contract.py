@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kvoffload.keys import OffloadKey, make_offload_key
 from kvoffload.policies import (
     EvictionPolicy,
+    Refusing,
     StopEviction,
     create_policy,
     get_policy_class,
@@ -209,3 +210,45 @@ def test_an_import_path_to_no_usable_policy_is_refused_naming_it(name: str) -> N
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         create_policy("lru", 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(policy_names()),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["insert", "touch", "evict"]), st.integers(0, 30)),
+        max_size=120,
+    ),
+    refused=st.sets(st.integers(0, 30)),
+)
+def test_a_refusing_evictable_takes_what_the_same_plain_check_takes(
+    name: str, ops: list[tuple[str, int]], refused: set[int]
+) -> None:
+    """Scenario: a wrapper sets chunks aside (`Refusing`, as `RetentionPolicy`
+    does hinted ones). Two copies of a policy see the same operations; one is
+    asked through a `Refusing`, the other through a plain check that refuses
+    the same keys: the victims are the same, and the `Refusing`'s own check is
+    never asked about a key it refuses outright."""
+    plain, refusing = create_policy(name, 10), create_policy(name, 10)
+    aside = {k(j) for j in refused}
+    blocked = {k(j) for j in range(0, 31, 3)}
+    asked: list[OffloadKey] = []
+
+    def accept(key: OffloadKey) -> bool:
+        asked.append(key)
+        return key not in blocked
+
+    def check(key: OffloadKey) -> bool:
+        return key not in aside and key not in blocked
+
+    for op, i in ops:
+        for policy in (plain, refusing):
+            if op == "insert" and k(i) not in policy and len(policy) < 10:
+                policy.insert(k(i))
+            elif op == "touch":
+                policy.touch([k(i), k(i + 1)])
+        if op == "evict":
+            want = plain.evict(1 + i % 3, [k(100 + i)], check)
+            got = refusing.evict(1 + i % 3, [k(100 + i)], Refusing([aside], accept))
+            assert got == want
+    assert not aside & set(asked)

@@ -4,6 +4,7 @@ from kvoffload.policies.arc import ARCPolicy
 from kvoffload.policies.base import (
     Evictable,
     EvictionPolicy,
+    Refusing,
     StopEviction,
     create_policy,
     get_policy_class,
@@ -18,6 +19,7 @@ __all__ = [
     "Evictable",
     "EvictionPolicy",
     "LRUPolicy",
+    "Refusing",
     "SplitLRUPolicy",
     "StopEviction",
     "create_policy",

@@ -12,7 +12,12 @@ from collections import OrderedDict
 from collections.abc import Sequence, Set
 
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import Evictable, EvictionPolicy, register_policy
+from kvoffload.policies.base import (
+    Evictable,
+    EvictionPolicy,
+    evictable_in,
+    register_policy,
+)
 
 
 @register_policy("arc")
@@ -105,8 +110,8 @@ class ARCPolicy(EvictionPolicy):
         if n <= 0:
             self._p = p
             return []
-        t1_iter = (k for k in self._t1 if evictable(k))
-        t2_iter = (k for k in self._t2 if evictable(k))
+        t1_iter = evictable_in(self._t1, evictable)
+        t2_iter = evictable_in(self._t2, evictable)
         from_t1: list[OffloadKey] = []
         from_t2: list[OffloadKey] = []
         t1_size = len(self._t1)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence, Set
-from itertools import islice
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Set
+from itertools import filterfalse, islice
 from typing import ClassVar, TypeVar
 
 from kvoffload.config.shapes import shown
@@ -27,13 +27,47 @@ class StopEviction(Exception):
     having changed nothing, as when it returns `None`."""
 
 
+class Refusing:
+    """An `Evictable` that refuses every key in some containers outright and
+    asks `accept` about the rest. Called, it is the whole check; a policy that
+    scans with `evictable_in` (or `first_evictable`) skips the refused keys in
+    C instead, without a call per key. For a wrapper that sets keys aside
+    (`RetentionPolicy`'s hinted chunks): they may fill the front of the wrapped
+    policy's order, and every eviction would otherwise ask about each again."""
+
+    __slots__ = ("accept", "refused")
+
+    def __init__(self, refused: Sequence[Container[OffloadKey]], accept: Evictable):
+        self.refused = tuple(refused)
+        self.accept = accept
+
+    def __call__(self, key: OffloadKey) -> bool:
+        for keys in self.refused:
+            if key in keys:
+                return False
+        return self.accept(key)
+
+
+def evictable_in(
+    keys: Iterable[OffloadKey], evictable: Evictable
+) -> Iterator[OffloadKey]:
+    """The keys of `keys` that `evictable` accepts, lazily, in order, asking it
+    about each key once (a `Refusing` one only about the keys it does not refuse
+    outright, which is the same answer)."""
+    if isinstance(evictable, Refusing):
+        for refused in evictable.refused:
+            keys = filterfalse(refused.__contains__, keys)
+        evictable = evictable.accept
+    return filter(evictable, keys)
+
+
 def first_evictable(
     keys: Iterable[OffloadKey], n: int, evictable: Evictable
 ) -> list[OffloadKey]:
     """Up to `n` keys from `keys` (oldest first) that `evictable` accepts, the
     scan in C (only `evictable` runs per key in Python); an iterator `keys` is
     left just after the last one taken."""
-    return list(islice(filter(evictable, keys), n)) if n > 0 else []
+    return list(islice(evictable_in(keys, evictable), n)) if n > 0 else []
 
 
 class EvictionPolicy(ABC):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kvoffload.config import finite_seconds, shown
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import Evictable, EvictionPolicy
+from kvoffload.policies.base import Evictable, EvictionPolicy, Refusing
 from kvoffload.policies.zero_trust import ZeroTrust
 
 Clock = Callable[[], float]
@@ -378,16 +378,19 @@ class RetentionPolicy(EvictionPolicy):
         rest = n - len(taken)
         accepted = 0
 
-        def unhinted(key: OffloadKey) -> bool:
+        def accept(key: OffloadKey) -> bool:
             nonlocal accepted
-            if key in hinted:
-                return False
             stamp = zero.get(key)  # a 0 not yet believed ranks as no hint
             if (stamp is not None and stamp <= ripe) or not evictable(key):
                 return False
             accepted += 1
             return True
 
+        # Chunks under a hint outlive the unhinted ones around them, so they
+        # gather at the front of the wrapped policy's order: `Refusing` lets
+        # its scan skip them in C, not with a call each at every eviction. (A
+        # 0 is refused only once believed: `accept` asks.)
+        unhinted = Refusing([hinted] if hinted else [], accept)
         got = self.inner.evict(rest, incoming, unhinted)
         forget = got is None
         if got is None:
