@@ -6,8 +6,7 @@ memory and a 50,000-chunk disk hold about 50,000 distinct chunks. A write-back
 tier (`write: back`) holds what host memory does not, as an exclusive cache
 does: the disk adds its whole capacity.
 
-Host memory's chunks reach it only on their way out. Host memory keeps no chunk
-a write-back tier needs that it could evict unwritten: the chunks its policy
+Host memory's chunks reach it only on their way out: the chunks its policy
 would evict next (a window of `window_chunks`, in the policy's own order, asked
 without changing it) are written to each write-back tier that lacks them, from
 their pinned slots, and those it has are touched there, so the tier keeps the
