@@ -16,15 +16,21 @@ from kvoffload.tiers.secondary import (
 from tests.tiering.tiering_support import FINGERPRINT, Engine, key, keys, make_manager
 
 
-def _stream(engine: Engine, first: int, count: int, per_request: int = 8) -> None:
+def _stream(
+    engine: Engine, first: int, count: int, per_request: int = 8, settle: bool = False
+) -> None:
     """Store chunks `first..first+count` as requests of `per_request` new chunks
-    each (a conversation's prompt each), a step after each request."""
+    each (a conversation's prompt each), a step after each request; with
+    `settle`, until the tier's writes are done (a tier on its own threads: host
+    memory cannot evict a chunk while it is being written)."""
     for start in range(first, first + count, per_request):
         ctx = ReqContext(f"r{start}")
         engine.m.on_new_request(ctx)
         engine.store(keys(*range(start, min(first + count, start + per_request))), ctx)
         engine.m.on_request_finished(ctx)
         engine.step()
+        if settle:
+            engine.settle()
 
 
 def _held(tier: MemoryTier, ids: range) -> list[int]:
@@ -111,7 +117,7 @@ def test_a_file_tier_written_back_serves_what_host_memory_evicted(tmp_path) -> N
     tier = FileTier(config, buf, FINGERPRINT)
     try:
         m, engine = make_manager([tier], buffer=buf, num_chunks=8)
-        _stream(engine, 0, 24, per_request=4)
+        _stream(engine, 0, 24, per_request=4, settle=True)
         engine.settle()
         ctx = ReqContext("returning")
         m.on_new_request(ctx)
