@@ -151,8 +151,7 @@ class ModeledFileTier(ModeledTier):
         self._index = backend.index
 
     def holds(self, key: OffloadKey) -> bool:
-        index = self._index
-        return index.is_known(key) and not index.is_deleting(key)
+        return self._index.holds(key)
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._stats.lookups += 1

@@ -68,6 +68,10 @@ class FileIndex:
         """Readable, being written, or being deleted: not to be written now."""
         return key in self._sizes or key in self._deleting
 
+    def holds(self, key: OffloadKey) -> bool:
+        """Readable or being written (`SecondaryTier.holds`): not being deleted."""
+        return key in self._sizes and key not in self._deleting
+
     def _evictable(self, key: OffloadKey) -> bool:
         return key not in self._writing and key not in self._pins
 

@@ -288,8 +288,7 @@ class FileTier(SecondaryTier):
     # -- scheduler-thread API ----------------------------------------------------
 
     def holds(self, key: OffloadKey) -> bool:
-        index = self._index
-        return index.is_known(key) and not index.is_deleting(key)
+        return self._index.holds(key)
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._stats.lookups += 1
