@@ -19,7 +19,7 @@ from kvoffload.config.sizes import format_size, parse_size
 from kvoffload.policies import get_policy_class
 from kvoffload.replay.limits import MAX_TIME_SCALE, MIN_TIME_SCALE
 from kvoffload.replay.routers import ROUTERS
-from kvoffload.replay.tier_specs import TierSpec, parse_tier_spec
+from kvoffload.replay.tier_specs import TierSpec, check_shareable, parse_tier_spec
 
 
 def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
@@ -164,12 +164,10 @@ def tier_spec(text: str) -> TierSpec:
 def shared_tier_spec(text: str) -> TierSpec:
     """A `tier_spec` every engine of a fleet shares: written through."""
     spec = tier_spec(text)
-    if spec.write_back:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a tier the engines share is written through (the others "
-            "would find a chunk only once one engine's host memory evicts it); "
-            "drop ':back'"
-        )
+    try:
+        check_shareable(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return spec
 
 

@@ -29,7 +29,7 @@ from kvoffload.replay.fleet_report import FleetResult, fleet_result
 from kvoffload.replay.hints import hinted_params
 from kvoffload.replay.routers import make_router
 from kvoffload.replay.runner import ReplaySettings
-from kvoffload.replay.tier_specs import TierSpec
+from kvoffload.replay.tier_specs import TierSpec, check_shareable
 from kvoffload.replay.workload import Workload
 
 
@@ -44,13 +44,8 @@ class FleetSettings:
     def __post_init__(self) -> None:
         if type(self.engines) is not int or self.engines < 1:
             raise ValueError(f"--engines must be an integer >= 1, got {self.engines!r}")
-        shared = self.shared_tier
-        if shared is not None and shared.write_back:
-            raise ValueError(
-                f"--shared-tier {shared.text!r}: a tier the engines share is "
-                "written through (the others would find a chunk only once one "
-                "engine's host memory evicts it); drop ':back'"
-            )
+        if self.shared_tier is not None:
+            check_shareable(self.shared_tier)
 
     @property
     def shared_name(self) -> str | None:

@@ -3,8 +3,8 @@
 `KIND:CAPACITY[:GBPS][:back]`: `file:50000` is a local disk of 50,000 chunks at
 the kind's default bandwidth, `redis:200GiB:2.5` a Redis/Valkey server of 200
 GiB at 2.5 GB/s, `file:50000:back` a disk written back (the file tier's `write:
-back`: a chunk is written when host memory is about to evict it). A capacity of plain digits counts chunks; one with a unit (`GiB`, `TB`,
-...) counts bytes and holds as many whole chunks as fit. Each kind has a fixed
+back`: a chunk is written when host memory is about to evict it). A capacity of
+plain digits counts chunks; one with a unit (`GiB`, `TB`, ...) counts bytes and holds as many whole chunks as fit. Each kind has a fixed
 start-up latency per transfer (a disk read, a network round trip).
 """
 
@@ -104,6 +104,17 @@ def parse_tier_spec(text: str) -> TierSpec:
         )
     gbps = TIER_KINDS[kind].gbps if len(parts) == 2 else _gbps(text, parts[2])
     return TierSpec(cast(TierKind, kind), capacity, in_bytes, gbps, text, write_back)
+
+
+def check_shareable(spec: TierSpec) -> None:
+    """A tier every engine of a fleet shares is written through; ValueError
+    for one written back."""
+    if spec.write_back:
+        raise ValueError(
+            f"{spec.text!r}: a tier the engines share is written through (the "
+            "others would find a chunk only once one engine's host memory "
+            "evicts it); drop ':back'"
+        )
 
 
 def _capacity(text: str, field: str) -> tuple[int, bool]:
