@@ -448,7 +448,7 @@ class RedisTier(SecondaryTier):
         value held under another engine's longer hint keeps it. A key of
         another type (no value of ours) is replaced. Raises what a failed
         pipeline raises."""
-        sizes, expiring = [], []
+        sizes = []
         values: dict[int, tuple[str, bytes, int | None]] = {}
         pipe = self._link.client.pipeline(transaction=False)
         for i in indices:
@@ -465,12 +465,12 @@ class RedisTier(SecondaryTier):
             if px is not None:
                 pipe.pexpire(name, px, gt=True)
             sizes.append(n)
-            expiring.append(px is not None)
         replies = iter(self._link.execute(pipe))
         failed, full, held, num_bytes = [], [], [], 0
-        for i, n, extended in zip(indices, sizes, expiring, strict=True):
+        for i, n in zip(indices, sizes, strict=True):
             reply = next(replies)
-            if extended:
+            _, _, px = values[i]
+            if px is not None:
                 next(replies)  # PEXPIRE GT's: an older server refuses GT
             if isinstance(reply, redis.OutOfMemoryError):
                 full.append(i)
