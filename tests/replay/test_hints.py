@@ -10,9 +10,11 @@ import pytest
 
 from kvoffload.cli import main as kvoffload_main
 from kvoffload.replay import load_mooncake
+from kvoffload.replay.fleet import FleetSettings, run_fleet
 from kvoffload.replay.hints import next_turn_gaps, parse_hint_mode
+from kvoffload.replay.runner import ReplaySettings, run_replay
 
-from .test_tiered_replay import BEFORE, FIELDS
+from .test_tiered_replay import BEFORE, FIELDS, small_chat
 
 
 def _write(path: Path, lines: list[tuple[int, list[int]]]) -> Path:
@@ -188,9 +190,18 @@ def test_wrong_zeros_cost_nothing_where_the_cache_has_room(
     assert split("noisy:0.2") >= split("none") - 0.005
 
 
-def test_the_report_says_which_mode_ran(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "where",
+    [
+        ["--capacity-chunks", "100", "--policy", "lru"],
+        ["--capacity-chunks", "50", "--engines", "2"],  # a fleet replays hints too
+    ],
+)
+def test_the_report_says_which_mode_ran(
+    where: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = ["replay", "--workload", "synth-chat", "--limit", "300", "--jobs", "1",
-            "--capacity-chunks", "100", "--policy", "lru", "--hints", "session:60"]  # fmt: skip
+            *where, "--hints", "session:60"]  # fmt: skip
     assert kvoffload_main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "retention hints session:60" in out
@@ -199,11 +210,6 @@ def test_the_report_says_which_mode_ran(capsys: pytest.CaptureFixture[str]) -> N
 def test_a_fleet_of_one_with_hints_is_the_single_engine_replay() -> None:
     """Every engine of a fleet gets each request's hint: one engine behind a
     router hits what a single-engine replay with the same hints hits."""
-    from kvoffload.replay.fleet import FleetSettings, run_fleet
-    from kvoffload.replay.runner import ReplaySettings, run_replay
-
-    from .test_tiered_replay import small_chat
-
     w = small_chat(500)
     hinted = ReplaySettings(chunk_tokens=512, hints=parse_hint_mode("oracle"))
     plain = ReplaySettings(chunk_tokens=512)
@@ -213,11 +219,3 @@ def test_a_fleet_of_one_with_hints_is_the_single_engine_replay() -> None:
     assert (
         one.hit_chunks != run_fleet(w, "lru", 150, plain, FleetSettings(1)).hit_chunks
     )
-
-
-def test_a_fleet_replays_hints_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["replay", "--workload", "synth-chat", "--limit", "300", "--jobs", "1",
-            "--capacity-chunks", "50", "--engines", "2", "--hints", "session:60"]  # fmt: skip
-    assert kvoffload_main(argv) == 0
-    out = " ".join(capsys.readouterr().out.split())
-    assert "retention hints session:60" in out
