@@ -79,9 +79,9 @@ def _staged(
             if job.direction is STORE:
                 mover.gather(index, staging)
                 store_partial(staged, views, host, pool.slot_nbytes, _copy)
-                copy_spans(staged, staging, host, _copy, store=True)
+                copy_spans(staged, staging, host, store=True)
             else:
-                copy_spans(staged, staging, host, _copy, store=False)
+                copy_spans(staged, staging, host, store=False)
                 mover.scatter(index, staging)
                 load_partial(staged, views, host, pool.slot_nbytes, _copy)
 

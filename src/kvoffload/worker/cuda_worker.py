@@ -243,7 +243,7 @@ class CudaTransferWorker(QueuedTransferWorker):
         gathered.record(lane.move)
         lane.copy.wait_event(gathered)
         with torch.cuda.stream(lane.copy):
-            copy_spans(staged, staging, self._host, _async_copy, store=True)
+            copy_spans(staged, staging, self._host, store=True)
         done = _event()
         done.record(lane.copy)
         lane.free[k] = done
@@ -257,7 +257,7 @@ class CudaTransferWorker(QueuedTransferWorker):
         if free is not None:
             lane.copy.wait_event(free)
         with torch.cuda.stream(lane.copy):
-            copy_spans(staged, staging, self._host, _async_copy, store=False)
+            copy_spans(staged, staging, self._host, store=False)
         landed = _event()
         landed.record(lane.copy)
         lane.move.wait_event(landed)

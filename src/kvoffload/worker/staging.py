@@ -134,17 +134,23 @@ def copy_spans(
     staged: StagedPiece,
     staging: torch.Tensor,
     host: torch.Tensor,
-    copy: CopyFn,
     store: bool,
 ) -> None:
-    """The host copies of `staged`'s whole chunks, to (`store`) or from host."""
-    for offset, start, nbytes in staged.spans:
-        device = staging[offset : offset + nbytes]
-        pooled = host[start : start + nbytes]
-        if store:
-            copy(pooled, device)
-        else:
-            copy(device, pooled)
+    """The host copies of `staged`'s whole chunks, to (`store`) or from host,
+    asynchronous where the device allows.
+
+    All of them go to torch in one call: issuing a copy from Python costs
+    several microseconds, about what the link needs for 256 KiB, so with small
+    chunks a loop of `copy_` calls, not the link, set the pace (docs/benchmarks.md,
+    "On an H100")."""
+    devices = [staging[o : o + n] for o, _, n in staged.spans]
+    pooled = [host[h : h + n] for _, h, n in staged.spans]
+    if not devices:
+        return
+    if store:
+        torch._foreach_copy_(pooled, devices, non_blocking=True)
+    else:
+        torch._foreach_copy_(devices, pooled, non_blocking=True)
 
 
 def store_partial(
