@@ -47,7 +47,7 @@ typecheck: $(VLLM_STAMP)
 	$(BIN)/mypy src
 
 pytest: $(VLLM_STAMP) redis-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test: lint typecheck pytest
 

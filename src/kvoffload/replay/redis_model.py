@@ -13,7 +13,7 @@ visible when their `SET` ends; a `GET` reads the server when its job ends.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import cast
@@ -25,6 +25,7 @@ from kvoffload.replay.tier_specs import TierSpec
 from kvoffload.tiers.base import LookupResult, ReqContext
 from kvoffload.tiers.secondary.base import Clock, TierJob, TierJobResult
 from kvoffload.tiers.secondary.redis_config import RedisTierConfig
+from kvoffload.tiers.secondary.redis_presence import PresenceCache
 
 _DEFAULTS = {f.name: f.default for f in fields(RedisTierConfig)}
 """The Redis tier's defaults, read from the class: building a config would ask
@@ -32,8 +33,6 @@ for redis-py, which the planner does not need."""
 MAX_INFLIGHT_CHUNKS = int(cast(int, _DEFAULTS["max_inflight_chunks"]))
 HIT_CACHE_S = float(cast(float, _DEFAULTS["hit_cache_s"]))
 MISS_CACHE_S = float(cast(float, _DEFAULTS["miss_cache_s"]))
-MAX_KNOWN_KEYS = 200_000
-"""Answers a tier remembers (as `RedisTier` does), the oldest forgotten first."""
 
 
 class RedisServerModel(TierBackend):
@@ -83,60 +82,44 @@ class ModeledRedisTier(ModeledTier):
     ) -> None:
         super().__init__(name, server, clock, MAX_INFLIGHT_CHUNKS, record_events)
         self._server = server
-        self._known: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
-        self._to_ask: dict[OffloadKey, None] = {}
-        self._asking: set[OffloadKey] = set()
+        self._presence = PresenceCache(HIT_CACHE_S, MISS_CACHE_S)
 
     # -- lookups -----------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, ctx: ReqContext) -> LookupResult:
-        known = self._known.get(key)
-        if known is None or known[1] <= self._clock():
-            self._ask(key)
+        present = self._presence.answer(key, self._clock())
+        if present is None:
+            self._presence.ask(key)
             return LookupResult.RETRY  # counted once answered
         self._stats.lookups += 1
-        if known[0]:
+        if present:
             self._stats.hits += 1
             return LookupResult.HIT
         return LookupResult.MISS
 
     def prefetch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        now = self._clock()
-        for key in keys:
-            known = self._known.get(key)
-            if known is None or known[1] <= now:
-                self._ask(key)
-
-    def _ask(self, key: OffloadKey) -> None:
-        if key not in self._asking:
-            self._to_ask[key] = None
+        self._presence.ask_stale(keys, self._clock())
 
     def on_schedule_end(self) -> None:
         """Send the step's checks as one batch: answered a round trip later."""
-        if not self._to_ask:
+        if not self._presence.queued:
             return
-        keys = list(self._to_ask)
-        self._to_ask.clear()
-        self._asking.update(keys)
+        keys = self._presence.take_questions()
         end = self._clock() + self.backend.spec.defaults.latency_s
 
         def answer() -> None:
             now = self._clock()
-            self._asking.difference_update(keys)
+            self._presence.answered(keys)
             for key in keys:
                 self._remember(key, self._server.holds(key), now)
 
         self._finish_at(end, answer)
 
     def _remember(self, key: OffloadKey, present: bool, now: float) -> None:
-        trusted = HIT_CACHE_S if present else MISS_CACHE_S
-        self._known[key] = (present, now + trusted)
-        self._known.move_to_end(key)
-        while len(self._known) > MAX_KNOWN_KEYS:
-            self._known.popitem(last=False)
+        self._presence.remember(key, math.inf if present else 0.0, now)
 
     def has_pending_work(self) -> bool:
-        return super().has_pending_work() or bool(self._to_ask)
+        return super().has_pending_work() or self._presence.queued
 
     # -- jobs --------------------------------------------------------------------
 
@@ -179,7 +162,7 @@ class ModeledRedisTier(ModeledTier):
 
     def reset_cache(self) -> None:
         self._server.clear()
-        self._known.clear()
+        self._presence.clear()
 
     def _occupancy(self) -> int:
         return len(self._server)
