@@ -123,6 +123,18 @@ def _check_seconds(
         raise ValueError(f"{field_name}: {shown(value)} must be {allowed}")
 
 
+def check_placement(config: Any, errors: ErrorList) -> None:
+    """The fields every tier's config has, each checked on its own into
+    `errors`: `name`, `locality` and `offload_policy` (made an `OffloadPolicy`)."""
+    with errors.check():
+        _check_name(config.name)
+    with errors.check():
+        _check_locality(config.locality)
+    with errors.check():
+        policy = _offload_policy(config.offload_policy)
+        object.__setattr__(config, "offload_policy", policy)
+
+
 def _check_locality(value: object) -> None:
     if value not in LOCALITIES:
         raise ValueError(f"locality: {shown(value)} must be one of {LOCALITIES}")
@@ -267,13 +279,7 @@ class FileTierConfig:
             object.__setattr__(self, "capacity_bytes", _capacity(self.capacity_bytes))
         with errors.check():
             _check_eviction_policy(self.eviction_policy)
-        with errors.check():
-            _check_name(self.name)
-        with errors.check():
-            _check_locality(self.locality)
-        with errors.check():
-            policy = _offload_policy(self.offload_policy)
-            object.__setattr__(self, "offload_policy", policy)
+        check_placement(self, errors)
         with errors.check():
             _check_int(self.num_threads, "num_threads", 1, MAX_FILE_THREADS)
         with errors.check():
@@ -319,13 +325,7 @@ class MemoryTierConfig:
             _check_int(self.capacity_chunks, "capacity_chunks", 1)
         with errors.check():
             _check_eviction_policy(self.eviction_policy)
-        with errors.check():
-            _check_name(self.name)
-        with errors.check():
-            _check_locality(self.locality)
-        with errors.check():
-            policy = _offload_policy(self.offload_policy)
-            object.__setattr__(self, "offload_policy", policy)
+        check_placement(self, errors)
         with errors.check():
             _check_int(self.max_inflight_chunks, "max_inflight_chunks", 1)
         with errors.check():

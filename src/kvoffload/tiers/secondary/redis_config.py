@@ -15,12 +15,7 @@ from kvoffload.config.errors import ErrorList
 from kvoffload.tiers.base import OffloadPolicy
 from kvoffload.tiers.secondary import redis_settings as rs
 from kvoffload.tiers.secondary.base import Locality
-from kvoffload.tiers.secondary.config import (
-    _check_locality,
-    _check_name,
-    _from_mapping,
-    _offload_policy,
-)
+from kvoffload.tiers.secondary.config import _from_mapping, check_placement
 from kvoffload.tiers.secondary.redis_sentinel import (
     SENTINEL_SCHEMES,
     is_sentinel_url,
@@ -133,16 +128,10 @@ class RedisTierConfig:
             object.__setattr__(self, "url", rs.resolve_url(self.url, self.url_env))
             _check_redis_url(self.url)
             url_ok = True
-        with errors.check():
-            _check_name(self.name)
+        check_placement(self, errors)
         self._check_numbers(errors)
         with errors.check():
             _check_key_prefix(self.key_prefix)
-        with errors.check():
-            _check_locality(self.locality)
-        with errors.check():
-            policy = _offload_policy(self.offload_policy)
-            object.__setattr__(self, "offload_policy", policy)
         with errors.check():
             object.__setattr__(self, "batch_bytes", _batch_bytes(self.batch_bytes))
         if url_ok:
