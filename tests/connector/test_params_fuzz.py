@@ -13,13 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvoffload import BlockHasher, CPUOffloadingManager
+from kvoffload.config.request_params import PARAMETER_NAMES
 from kvoffload.connector import ConnectorConfig, GroupSpec, OffloadConnector
 from kvoffload.engine_model import EngineConfig, EngineModel, SimClock, SimRequest
 
 from ..config.test_config_fuzz import JSONISH
 from ..config.test_request_params_fuzz import PARAMS
-
-PARAMETERS = 4  # max_offload_tokens, max_load_tokens, kv_load_tiers, kv_store_tiers
 
 
 def _engine() -> tuple[EngineModel, BlockHasher]:
@@ -54,5 +53,8 @@ def test_requests_with_any_kv_transfer_params_are_served(
         engine.run(requests)
     assert all(r.num_output == r.max_output_tokens for r in requests)
     for r in requests:
-        about = [x for x in caplog.records if r.request_id in x.getMessage()]
-        assert len(about) <= PARAMETERS, [x.getMessage() for x in about]
+        about = [x.getMessage() for x in caplog.records]
+        about = [m for m in about if r.request_id in m]
+        assert len(about) <= len(PARAMETER_NAMES), about
+        for name in PARAMETER_NAMES:
+            assert sum(f"ignoring {name}=" in m for m in about) <= 1, about

@@ -22,6 +22,14 @@ from kvoffload.config.shapes import shown
 logger = logging.getLogger(__name__)
 
 RETENTION_PARAM = "kv_retention_s"
+PARAMETER_NAMES = (
+    "max_offload_tokens",
+    "max_load_tokens",
+    "kv_load_tiers",
+    "kv_store_tiers",
+    RETENTION_PARAM,
+)
+"""The `kv_transfer_params` keys kvoffload reads; each bad one is one warning."""
 MEDIA = ("cpu", "storage")
 LOCALITIES = ("local", "remote")
 
