@@ -83,6 +83,9 @@ class RequestState:
     deferred_since: float | None = None
     """When the lookup first deferred the request; kept across its answers until
     it is admitted or preempted, so deferrals add up to at most `max_defer_s`."""
+    engine_hit_tokens: int = 0
+    """The engine's own prefix-cache hit at the first schedule: chunks neither
+    loaded nor computed by the request."""
     load_failed: bool = False
     """A load for this request failed: it recomputes, and loads nothing more."""
     stored: set[OffloadKey] = field(default_factory=set)
@@ -142,6 +145,7 @@ class RequestState:
             dropped += group.drop_keys_past(num_kept_tokens)
         self.store_limit = _store_limit(self.request, self.ctx, config)
         self.hit_tokens = min(self.hit_tokens, num_kept_tokens)
+        self.engine_hit_tokens = min(self.engine_hit_tokens, num_kept_tokens)
         self.prefix_touched = False
         return dropped
 

@@ -47,6 +47,7 @@ from kvoffload.connector.releases import ReleaseWatch
 from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.transfers import (
+    anchor_store,
     chunks_to_store,
     load_tokens,
     plan_load,
@@ -155,6 +156,7 @@ class OffloadConnector:
         first_schedule = not state.cursors_started
         if first_schedule:
             state.cursors_started = True
+            state.engine_hit_tokens = num_computed_tokens
             # Past the loaded chunks only once they land: if the load fails, the
             # request computes them, and they are its own to store.
             self._pass_hit(state, num_computed_tokens)
@@ -344,9 +346,15 @@ class OffloadConnector:
         offloadable = self._offloadable(state, computed_tokens)
         state.refresh_keys()
         chunks = chunks_to_store(state, offloadable, self.config.null_block_id)
+        chunks, prefix, gaps = anchor_store(
+            self.manager, state, chunks, self.config.null_block_id
+        )
+        self._stats.store_skipped += gaps
         if not chunks:
             return None
-        prepared = self.manager.prepare_store([g.keys[c] for g, c in chunks], state.ctx)
+        prepared = self.manager.prepare_store(
+            [*prefix, *(g.keys[c] for g, c in chunks)], state.ctx
+        )
         while prepared is None and len(chunks) > 1:
             # No room for all of them: the head of the prefix is worth the most,
             # so try the chunks ending in the first half of the span, in free room
@@ -361,7 +369,7 @@ class OffloadConnector:
             self._stats.store_skipped += len(chunks) - len(head)
             chunks = head
             prepared = self.manager.prepare_store(
-                [g.keys[c] for g, c in chunks], state.ctx, may_evict=False
+                [*prefix, *(g.keys[c] for g, c in chunks)], state.ctx, may_evict=False
             )
         if prepared is None:
             self._stats.store_skipped += len(chunks)

@@ -99,6 +99,59 @@ def chunks_to_store(
     return out
 
 
+def anchor_store(
+    manager: OffloadingManager,
+    state: RequestState,
+    chunks: list[tuple[GroupState, int]],
+    null_block: int | None = None,
+) -> tuple[list[tuple[GroupState, int]], list[OffloadKey], int]:
+    """Of `chunks` (from `chunks_to_store`), those worth storing; the held
+    chunks right before them, to offer with them; and how many were skipped.
+
+    A hit is a leading run, so a group's chunks that follow one the tier does
+    not hold (`holds` is `False`) cannot hit until a later request recomputes
+    that one and stores it, and them, again: storing them now would only evict
+    chunks that can hit. They are skipped, and their cursor moves past them.
+    (With an engine prefix cache a request stores past the engine's own hit,
+    which the tier may have given up since.) A chunk whose blocks left a
+    sliding window is no gap: it was never to be stored.
+
+    The chunks of the engine's hit that the tier holds right before a group's
+    first stored one are its prefix in the tier: offered with the store, they
+    are left out of it but rank it (victims come from below them, as below
+    chunks it loaded; see `OffloadingManager.prepare_store`), so it cannot evict
+    what its own chunks need to hit.
+    """
+    gone = {REUSED_BLOCK} if null_block is None else {REUSED_BLOCK, null_block}
+    kept: list[tuple[GroupState, int]] = []
+    prefix: list[OffloadKey] = []
+    skipped = 0
+    for group in state.groups:
+        mine = [(g, c) for g, c in chunks if g is group]
+        if not mine:
+            continue
+        first = mine[0][1]
+        if first == 0:
+            kept.extend(mine)
+            continue
+        held = manager.holds(group.keys[first - 1])
+        if held is False and gone.isdisjoint(group.chunk_blocks(first - 1)):
+            group.store_cursor = max(group.store_cursor, mine[-1][1] + 1)
+            skipped += len(mine)
+            continue
+        # Chunks the request loaded or stored rank its stores already.
+        before = first - 1
+        if first > state.engine_hit_tokens // group.tokens_per_chunk:
+            before = -1
+        run: list[OffloadKey] = []
+        while before >= 0 and manager.holds(group.keys[before]) is True:
+            run.append(group.keys[before])
+            before -= 1
+        prefix.extend(reversed(run))
+        kept.extend(mine)
+    return kept, prefix, skipped
+
+
 def store_transfers(
     chunks: list[tuple[GroupState, int]], prepared: PrepareStoreOutput
 ) -> tuple[GroupTransfer, ...]:

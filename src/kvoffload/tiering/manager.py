@@ -409,6 +409,13 @@ class TieringManager(OffloadingManager):
                 self._hit_tokens[tier] += n
         self.primary.on_load_planned(primary, ctx)
 
+    def holds(self, key: OffloadKey) -> bool | None:
+        """Held by host memory; otherwise `None` when there are secondary tiers
+        (a lookup might promote it from one), `False` when there are none."""
+        if self.primary.holds(key):
+            return True
+        return None if self.tiers else False
+
     def touch(
         self,
         keys: Sequence[OffloadKey],

@@ -227,6 +227,16 @@ class OffloadingManager(ABC):
         when a key is not readable (`HIT`) any more; the caller fails that load.
         """
 
+    def holds(self, key: OffloadKey) -> bool | None:
+        """Whether `key` is present where `prepare_store` allocates (readable or
+        being written: a store offering it leaves it out), without I/O, nothing
+        counted or changed; `None` when the manager cannot tell (the chunk may
+        be a promotion away, or it does not say). The connector skips a store
+        whose chunks follow one that is not held (`False`): they could not
+        hit."""
+        del key
+        return None
+
     def touch(
         self,
         keys: Sequence[OffloadKey],

@@ -116,6 +116,9 @@ class CPUOffloadingManager(OffloadingManager):
     def is_readable(self, key: OffloadKey) -> bool:
         return key in self._slots and key not in self._writing
 
+    def holds(self, key: OffloadKey) -> bool:
+        return key in self._slots
+
     def num_free_slots(self) -> int:
         return len(self._free) + self._num_chunks - self._next_fresh
 
@@ -326,10 +329,14 @@ class CPUOffloadingManager(OffloadingManager):
         protected = set(keys)
         protected.update(protect)
         pins, writing = self._pins, self._writing
-        req_id = ctx.req_id if ctx is not None else ""
-        stored = self._stored_by_request.get(req_id)
-        loaded = self._loaded_by_request.get(req_id)
-        if not stored and not loaded:
+        if ctx is None:
+            stored = loaded = offered = None
+        else:
+            stored = self._stored_by_request.get(ctx.req_id)
+            loaded = self._loaded_by_request.get(ctx.req_id)
+            # The present keys of the store's own offer: its prefix here.
+            offered = {key for key in keys if key in self._slots}
+        if not stored and not loaded and not offered:
 
             def evictable(key: OffloadKey) -> bool:
                 return key not in protected and key not in pins and key not in writing
@@ -337,9 +344,10 @@ class CPUOffloadingManager(OffloadingManager):
             return evictable
         empty: frozenset[OffloadKey] = frozenset()
         stored_keys, loaded_keys = stored or empty, loaded or empty
+        offered_keys = offered or empty
 
         def evictable_below_own(key: OffloadKey) -> bool:
-            if key in stored_keys or key in loaded_keys:
+            if key in stored_keys or key in loaded_keys or key in offered_keys:
                 raise StopEviction
             return key not in protected and key not in pins and key not in writing
 

@@ -1,0 +1,117 @@
+"""What a store past the engine's own prefix hit may take and leave (issue 22).
+
+With an engine prefix cache a request stores from the first chunk past the
+engine's hit. A hit in the host tier is a leading run, so those chunks are worth
+something only while the tier holds the chunks before them: a request skips
+chunks that follow one the tier gave up, and offers the held ones before its
+stores with them, so that its victims rank below them.
+"""
+
+from __future__ import annotations
+
+from kvoffload import CPUOffloadingManager, ReqContext
+from kvoffload.connector import (
+    ConnectorConfig,
+    GroupSpec,
+    OffloadConnector,
+    ScheduledRequest,
+)
+from kvoffload.engine_model import SimRequest
+from kvoffload.keys import BlockHasher, OffloadKey, chunk_keys
+from kvoffload.tiering import TieringManager
+from kvoffload.tiers.secondary import ArrayChunkBuffer
+from kvoffload.worker.base import JobResult
+from tests.tiering.tiering_support import SLOT, HeldTier
+
+HASHER = BlockHasher(4)
+C = list(range(13))  # three chunks of one 4-token block, and a token
+
+
+def _keys(tokens: list[int]) -> list[OffloadKey]:
+    return chunk_keys(HASHER.hash_blocks(tokens), 1, 0)
+
+
+def _setup(chunks: int) -> tuple[OffloadConnector, CPUOffloadingManager]:
+    manager = CPUOffloadingManager(chunks)
+    config = ConnectorConfig((GroupSpec(4, 1),), engine_prefix_caching=True)
+    return OffloadConnector(config, manager), manager
+
+
+def _run(
+    connector: OffloadConnector,
+    req_id: str,
+    tokens: list[int],
+    blocks: list[int],
+    engine_hit: int = 0,
+) -> int:
+    """The request's prompt past its engine hit runs in one step; its stores
+    land and it finishes. Returns the chunks it stored."""
+    req = SimRequest(req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4)
+    connector.on_new_request(req)
+    assert connector.get_num_new_matched_tokens(req, engine_hit) == 0
+    connector.update_state_after_alloc(req_id, [blocks], engine_hit, 0)
+    step = ScheduledRequest(
+        req_id, engine_hit, len(tokens) - engine_hit, (tuple(blocks),), True
+    )
+    plan = connector.build_step([step])
+    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
+    connector.request_finished(req_id)
+    return sum(len(t.engine_blocks) for job in plan.stores for t in job.groups)
+
+
+def test_chunks_after_one_the_tier_gave_up_are_not_stored() -> None:
+    """Scenario: C's first two chunks are in the engine's prefix cache, not in
+    the host tier (which has room). Its third could hit only behind the second:
+    it is skipped, and counted as skipped. Before, it was stored (and in a full
+    tier it evicted a chunk that could hit)."""
+    connector, manager = _setup(4)
+    c0, c1, c2 = _keys(C)
+    assert _run(connector, "C", C, [1, 2, 3, 4], engine_hit=8) == 0
+    assert not any(manager.holds(k) for k in (c0, c1, c2))
+    assert connector.get_stats().store_skipped == 1
+
+
+def test_a_store_past_the_engine_hit_keeps_the_held_chunks_before_it() -> None:
+    """Scenario: a tier of 3 chunks holds C's first two (head last, so its second
+    chunk is the oldest) and, stored after them, X's. A next turn of C finds
+    those two in the engine's prefix cache and stores its third. The tier would
+    give up C's second chunk first, which would leave the third unable to hit:
+    the store is refused instead, and the tier keeps what it had. Before, the
+    store evicted C's second chunk."""
+    connector, manager = _setup(3)
+    c0, c1, c2 = _keys(C)
+    (x0,) = _keys(list(range(100, 105)))
+    assert _run(connector, "C1", C[:9], [1, 2, 3]) == 2
+    assert _run(connector, "X", list(range(100, 105)), [9, 10]) == 1
+    assert _run(connector, "C2", C, [1, 2, 3, 4], engine_hit=8) == 0
+    assert [manager.holds(k) for k in (x0, c0, c1, c2)] == [True, True, True, False]
+
+
+def test_the_held_chunks_before_a_store_are_its_prefix() -> None:
+    """Scenario (the manager alone): present keys offered with a store rank it
+    like chunks the request loaded: the store takes victims only from below
+    them, and is refused where the policy would give one of them up first."""
+    manager = CPUOffloadingManager(2)
+    a, b, c, d = (bytes([i]) * 8 for i in range(4))
+    for key in (a, b):
+        out = manager.prepare_store([OffloadKey(key)], ReqContext("w"))
+        assert out is not None
+        manager.complete_store(out.keys_to_store, ReqContext("w"))
+    ctx = ReqContext("r")
+    assert manager.prepare_store([OffloadKey(a), OffloadKey(c)], ctx) is None
+    assert manager.holds(OffloadKey(a)) and manager.holds(OffloadKey(b))
+    out = manager.prepare_store([OffloadKey(b), OffloadKey(d)], ctx)
+    assert out is not None and out.evicted_keys == (OffloadKey(a),)
+
+
+def test_a_tier_stack_does_not_call_a_chunk_host_memory_lacks_a_gap() -> None:
+    """Host memory's misses may be a promotion away in a secondary tier: a tier
+    stack cannot tell, so a store past them goes ahead as before."""
+    primary = CPUOffloadingManager(4)
+    stack = TieringManager(primary, [HeldTier(ArrayChunkBuffer(4, SLOT))])
+    config = ConnectorConfig((GroupSpec(4, 1),), engine_prefix_caching=True)
+    connector = OffloadConnector(config, stack)
+    c2 = _keys(C)[2]
+    assert stack.holds(c2) is None
+    assert _run(connector, "C", C, [1, 2, 3, 4], engine_hit=8) == 1
+    assert primary.holds(c2)
