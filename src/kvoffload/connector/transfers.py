@@ -108,13 +108,17 @@ def anchor_store(
     """Of `chunks` (from `chunks_to_store`), those worth storing; the held
     chunks right before them, to offer with them; and how many were skipped.
 
-    A hit is a leading run, so a group's chunks that follow one the tier does
-    not hold (`holds` is `False`) cannot hit until a later request recomputes
-    that one and stores it, and them, again: storing them now would only evict
-    chunks that can hit. They are skipped, and their cursor moves past them.
-    (With an engine prefix cache a request stores past the engine's own hit,
-    which the tier may have given up since.) A chunk whose blocks left a
-    sliding window is no gap: it was never to be stored.
+    A lookup walks the tier from the end of the engine's own hit, so a group's
+    chunks that follow one the tier does not hold (`holds` is `False`; the
+    request had it from the engine's cache) can hit only while the engine
+    still keeps that chunk; once the engine gives it up, a later request
+    recomputes it and stores it, and them, again. This is a bet on the regime
+    where it arises: the tier gave up a chunk the engine had, so both are
+    under pressure, and by the conversation's next turn the engine has most
+    likely turned over too; storing them would evict chunks that can hit from
+    the start of a prompt. They are skipped, and their cursor moves past them
+    (measured in docs/policies.md, "No store behind a gap"). A chunk whose
+    blocks left a sliding window is no gap: it was never to be stored.
 
     The chunks of the engine's hit that the tier holds right before a group's
     first stored one are its prefix in the tier: offered with the store, they

@@ -232,8 +232,8 @@ class OffloadingManager(ABC):
         being written: a store offering it leaves it out), without I/O, nothing
         counted or changed; `None` when the manager cannot tell (the chunk may
         be a promotion away, or it does not say). The connector skips a store
-        whose chunks follow one that is not held (`False`): they could not
-        hit."""
+        whose chunks follow one that is not held (`False`; see
+        `transfers.anchor_store`)."""
         del key
         return None
 
