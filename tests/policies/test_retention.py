@@ -133,6 +133,31 @@ def test_a_longer_hint_extends_and_a_shorter_one_does_not_shorten() -> None:
     assert policy.hint_of(k(0)) == 40
 
 
+def test_covers_says_whether_a_retain_now_would_change_nothing() -> None:
+    """Scenario: a bound of 2 chunks. Chunks 0 and 1 held for 60 s are covered
+    by another 60 s hint at that instant (a request's touch after its store),
+    not by a 30 s one, nor with chunk 2 beside them. Chunk 2's hint at the same
+    instant passes the bound, and chunk 1, the oldest run's tail, stops
+    counting: no longer covered; nor is a removed chunk, nor anything a moment
+    later, nor a 0."""
+    policy, clock = wrapped("lru", capacity=4, share=0.5)
+    for i in range(4):
+        policy.insert(k(i))
+    policy.retain([k(0), k(1)], 60)
+    assert policy.covers([k(0), k(1)], 60) and policy.covers([k(1)], 60)
+    assert not policy.covers([k(0), k(1)], 30)
+    assert not policy.covers([k(0), k(2)], 60)
+    policy.retain([k(2)], 60)
+    assert policy.hint_of(k(1)) is None and policy.hint_of(k(2)) == 60
+    assert not policy.covers([k(1)], 60) and policy.covers([k(0), k(2)], 60)
+    policy.retain([k(1)], 60)  # claimed again, so past the bound: chunk 0 stops
+    assert policy.hint_of(k(1)) == 60 and policy.covers([k(1), k(2)], 60)
+    policy.remove(k(2))
+    assert not policy.covers([k(2)], 60) and not policy.covers([k(1)], 0)
+    clock.now += 1
+    assert not policy.covers([k(1)], 60)
+
+
 def test_zero_leaves_another_requests_live_hint_and_a_load_ends_a_zero() -> None:
     """Scenario: chunk 0 is held for 60 s by one request; another says 0 of it:
     the hold stands. Chunk 1 is hinted 0, then loaded: the 0 was wrong, and it

@@ -29,10 +29,16 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
+from itertools import compress, count, filterfalse, takewhile
 
 from kvoffload.config import finite_seconds, shown
 from kvoffload.keys import OffloadKey
-from kvoffload.policies.base import Evictable, EvictionPolicy, Refusing
+from kvoffload.policies.base import (
+    Evictable,
+    EvictionPolicy,
+    Refusing,
+    first_evictable,
+)
 from kvoffload.policies.zero_trust import ZeroTrust
 
 Clock = Callable[[], float]
@@ -127,6 +133,9 @@ class RetentionPolicy(EvictionPolicy):
         self._shared: OrderedDict[OffloadKey, None] = OrderedDict()
         """Chunks seen with two different children (bounded, oldest out)."""
         self._latest = -math.inf
+        self._at_latest: set[OffloadKey] = set()
+        """The chunks whose deadline is `_latest`, the latest of all: a
+        request's later claims at the same instant skip them in C."""
         self.counts = RetentionCounts()
 
     # -- the wrapped policy ------------------------------------------------------
@@ -164,12 +173,11 @@ class RetentionPolicy(EvictionPolicy):
         there: the chunk before its first own one has that one as a child. A
         chunk with two different children ends a prefix requests share (a
         system prompt, say), which a 0 does not speak for (`retain`)."""
-        for i in range(1, len(keys)):
-            if keys[i] in new:
-                parent, child = keys[i - 1], keys[i]
-                break
-        else:
+        # The first stored key, found in C (keys[0] is not one).
+        i = next(compress(count(), map(new.__contains__, keys)), 0)
+        if not i:
             return
+        parent, child = keys[i - 1], keys[i]
         first = self._children.get(parent)
         if first is None:
             self._children[parent] = child
@@ -195,6 +203,7 @@ class RetentionPolicy(EvictionPolicy):
         self._children.clear()
         self._shared.clear()
         self._latest = -math.inf
+        self._at_latest.clear()
 
     # -- hints -------------------------------------------------------------------
 
@@ -210,13 +219,8 @@ class RetentionPolicy(EvictionPolicy):
         self._hinting = True
         deadline = self._deadline
         if seconds <= 0:
-            shared = self._shared
-            if shared:  # the prefix other requests share is not this one's to drop
-                for i in range(len(keys) - 1, -1, -1):
-                    if keys[i] in shared:
-                        keys = keys[i + 1 :]
-                        break
-            self._retain_zero(keys)
+            # The prefix other requests share is not this one's to drop.
+            self._retain_zero(self._past_shared(keys))
             return
         if self._limit == 0:
             return
@@ -224,11 +228,18 @@ class RetentionPolicy(EvictionPolicy):
         claimed: Sequence[OffloadKey]
         if due > self._latest:
             # Every live deadline is earlier: extend them all at C speed (the
-            # common case: one hint length for every request). At an equal
-            # deadline (a request's second touch at one instant) only the keys
-            # not yet under it are claimed.
+            # common case: one hint length for every request).
             claimed = keys
             self._latest = due
+            self._at_latest = set(keys)
+        elif due == self._latest:
+            # A request's second and third claims at one instant (its store,
+            # its touch): only the keys not yet under this deadline, found in C.
+            at_latest = self._at_latest
+            if at_latest.issuperset(keys):
+                return
+            claimed = list(filterfalse(at_latest.__contains__, keys))
+            at_latest.update(claimed)
         else:
             claimed = [k for k in keys if deadline.get(k, -math.inf) < due]
             if not claimed:
@@ -249,6 +260,32 @@ class RetentionPolicy(EvictionPolicy):
         if len(self._claims) + len(self._ranks) > 8 * len(deadline) + 4096:
             self._compact()
 
+    def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
+        """Whether `retain(keys, seconds)` now would change nothing, known in C
+        without reading each key: every one of `keys` is under a positive hint
+        ending when this one would, the latest of all (a request's touch after
+        its store at one instant). `keys` need not be resident."""
+        return (
+            seconds > 0
+            and self._limit > 0
+            and self._clock() + seconds == self._latest
+            and self._at_latest.issuperset(keys)
+        )
+
+    def _past_shared(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
+        """`keys` after the last one that ends a prefix requests share (all of
+        them if none does). Such chunks are few and near the front (block 0 on
+        the bundled trace): each is looked for from the front, not the whole
+        prompt walked from its end. (A request's keys are distinct: each
+        chains its prefix's hash.)"""
+        shared = self._shared
+        if not shared:
+            return keys
+        found = shared.keys() & keys
+        if not found:
+            return keys
+        return keys[max(map(keys.index, found)) + 1 :]
+
     def _retain_zero(self, keys: Sequence[OffloadKey]) -> None:
         """Put `keys` under no positive hint in class 1 (believed once ripe,
         `ZeroTrust`), dated by the eviction clock; a chunk hinted 0 already keeps
@@ -257,8 +294,8 @@ class RetentionPolicy(EvictionPolicy):
         trust = self._trust
         now = trust.clock
         given = 0
-        for key in keys:
-            if key not in deadline and key not in zero:
+        for key in keys:  # (`zero` first: a request's later calls find most there)
+            if key not in zero and key not in deadline:
                 zero[key] = now
                 given += 1
         if given:
@@ -323,6 +360,8 @@ class RetentionPolicy(EvictionPolicy):
                         used.discard(key)
                     else:
                         self.counts.expired_unused += 1
+        if now >= self._latest:  # every chunk at the latest deadline left above
+            self._at_latest.clear()
 
     def _drop_past_bound(self) -> None:
         """Past the bound, hints stop counting: the longest first (a chunk held
@@ -333,10 +372,18 @@ class RetentionPolicy(EvictionPolicy):
         deadline, ranks = self._deadline, self._ranks
         while len(deadline) > self._limit and ranks:
             length, seq, due, keys = heapq.heappop(ranks)
+            # The whole run is read, not only its tail: what goes back must be
+            # its live chunks only, or one that left and later took the same
+            # deadline again would count in this run, ahead of its own.
             live = [k for k in keys if deadline.get(k) == due]
             excess = len(deadline) - self._limit
             drop = live[-excess:] if excess < len(live) else live
-            self._forget(drop)
+            # (Chunks under a deadline are not hinted 0: `_forget` without it.)
+            used, at_latest = self._used, self._at_latest
+            for key in drop:
+                deadline.pop(key, None)
+                used.discard(key)
+                at_latest.discard(key)
             self.counts.dropped += len(drop)
             if len(drop) < len(live):
                 kept = tuple(live[: len(live) - len(drop)])
@@ -359,10 +406,12 @@ class RetentionPolicy(EvictionPolicy):
 
     def _forget(self, keys: Sequence[OffloadKey]) -> None:
         deadline, zero, used = self._deadline, self._zero, self._used
+        at_latest = self._at_latest
         for key in keys:
             deadline.pop(key, None)
             zero.pop(key, None)
             used.discard(key)
+            at_latest.discard(key)
 
     # -- eviction ----------------------------------------------------------------
 
@@ -408,14 +457,17 @@ class RetentionPolicy(EvictionPolicy):
         """`taken` (class 1) and `got` leave. `ZeroTrust` remembers them: a
         store of one again says what a 0, or the policy's victim, was worth."""
         zero = self._zero
+        remove = self.inner.remove
         for key in taken:
-            self.inner.remove(key)
+            remove(key)
         # (`taken` are hinted 0 only: not under a deadline.)
-        zeros = [(key, zero.pop(key)) for key in taken]
-        victims = [key for key in got if key not in zero]
+        stamps = list(map(zero.pop, taken))
+        victims = list(filterfalse(zero.__contains__, got))
         if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
-            zeros += [(key, zero.pop(key)) for key in got if key in zero]
-        self._trust.evicted(zeros, victims)
+            unripe = [key for key in got if key in zero]
+            taken = taken + unripe
+            stamps += map(zero.pop, unripe)
+        self._trust.evicted(taken, stamps, victims)
 
     def _pick_hinted(
         self, need: int, evictable: Evictable, picked: set[OffloadKey]
@@ -445,13 +497,10 @@ class RetentionPolicy(EvictionPolicy):
     def _take_zero(self, n: int, ripe: int, evictable: Evictable) -> list[OffloadKey]:
         """Up to `n` evictable chunks whose 0 is believed (dated at or before
         `ripe`), oldest first (nothing removed)."""
-        taken: list[OffloadKey] = []
-        for key, stamp in self._zero.items():
-            if len(taken) == n or stamp > ripe:  # dates only grow: the rest are younger
-                break
-            if evictable(key):
-                taken.append(key)
-        return taken
+        zero = self._zero
+        # Dates only grow: the believed ones lead, and the scan runs in C.
+        believed = compress(zero, takewhile(bool, map(ripe.__ge__, zero.values())))
+        return first_evictable(believed, n, evictable)
 
     def _evict_hinted(
         self,

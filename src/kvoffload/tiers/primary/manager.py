@@ -218,7 +218,7 @@ class CPUOffloadingManager(OffloadingManager):
         else:
             self._policy.touch(keys, stored)
         hint = ctx.params.retention_s
-        if hint is not None:
+        if hint is not None and not self._policy.covers(keys, hint):
             self._policy.retain(list(filter(self._slots.__contains__, keys)), hint)
 
     def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
