@@ -1,10 +1,11 @@
 """What a store past the engine's own prefix hit may take and leave (issue 22).
 
 With an engine prefix cache a request stores from the first chunk past the
-engine's hit. A hit in the host tier is a leading run, so those chunks are worth
-something only while the tier holds the chunks before them: a request skips
-chunks that follow one the tier gave up, and offers the held ones before its
-stores with them, so that its victims rank below them.
+engine's hit. A lookup walks the tier from the end of the engine's hit, so those
+chunks can hit only while the tier, or the engine, holds the chunks before them:
+a request bets on the engine letting go and skips chunks that follow one the
+tier gave up, and offers the held ones before its stores with them, so that its
+victims rank below them.
 """
 
 from __future__ import annotations
