@@ -4,8 +4,9 @@
 the kind's default bandwidth, `redis:200GiB:2.5` a Redis/Valkey server of 200
 GiB at 2.5 GB/s, `file:50000:back` a disk written back (the file tier's `write:
 back`: a chunk is written when host memory is about to evict it). A capacity of
-plain digits counts chunks; one with a unit (`GiB`, `TB`, ...) counts bytes and holds as many whole chunks as fit. Each kind has a fixed
-start-up latency per transfer (a disk read, a network round trip).
+plain digits counts chunks; one with a unit (`GiB`, `TB`, ...) counts bytes and
+holds as many whole chunks as fit. Each kind has a fixed start-up latency per
+transfer (a disk read, a network round trip).
 """
 
 from __future__ import annotations

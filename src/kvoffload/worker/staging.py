@@ -143,10 +143,10 @@ def copy_spans(
     several microseconds, about what the link needs for 256 KiB, so with small
     chunks a loop of `copy_` calls, not the link, set the pace (docs/benchmarks.md,
     "On an H100")."""
+    if not staged.spans:
+        return
     devices = [staging[o : o + n] for o, _, n in staged.spans]
     pooled = [host[h : h + n] for _, h, n in staged.spans]
-    if not devices:
-        return
     if store:
         torch._foreach_copy_(pooled, devices, non_blocking=True)
     else:
