@@ -120,27 +120,53 @@ def encode_header(
 ) -> bytes:
     """A format-2 header; `hint` is the chunk's retention hint as a request gives
     one (seconds from Unix time `now`, 0, or `None`)."""
-    fp = fingerprint.encode("ascii")
     flags, until = 0, 0.0
     if hint is not None and hint > 0 and now + hint < math.inf:
         flags, until = FLAG_RETAIN, now + hint
     elif hint == 0:
         flags = FLAG_DONE
-    head = (
-        _FIXED.pack(
-            MAGIC,
-            FORMAT_VERSION,
-            flags,
-            len(key),
-            len(fp),
-            payload_len,
-            payload_crc,
-            until,
-        )
-        + key
-        + fp
+    return _pack(key, fingerprint, payload_len, payload_crc, flags, until)
+
+
+def _pack(
+    key: OffloadKey,
+    fingerprint: str,
+    payload_len: int,
+    payload_crc: int,
+    flags: int,
+    until: float,
+) -> bytes:
+    fp = fingerprint.encode("ascii")
+    fixed = _FIXED.pack(
+        MAGIC, FORMAT_VERSION, flags, len(key), len(fp), payload_len, payload_crc, until
     )
+    head = fixed + key + fp
     return head + _CRC.pack(zlib.crc32(head))
+
+
+def renew_header(
+    data: bytes | memoryview, until: float
+) -> tuple[ChunkHeader, bytes] | None:
+    """The header at the start of `data` and, if it is of format 2, the same
+    header held until `until` (Unix seconds): equal to it but for the flags,
+    the deadline and the header's own checksum, so of the same size and
+    describing the same payload (its checksum is kept). `None` for a header
+    of format 1 (no room for a deadline) or an `until` that is no deadline.
+    Raises `CorruptChunkError` for a header failing its checks: nothing to
+    renew, never a header to heal."""
+    header = decode_header(data)
+    if not 0 < until < math.inf:
+        return None
+    renewed = _pack(
+        header.key,
+        header.fingerprint,
+        header.payload_len,
+        header.payload_crc,
+        FLAG_RETAIN,
+        until,
+    )
+    # A format-1 header is shorter: the renewed one would overwrite payload.
+    return (header, renewed) if len(renewed) == header.size else None
 
 
 def decode_header(data: bytes | memoryview) -> ChunkHeader:

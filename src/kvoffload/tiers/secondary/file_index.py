@@ -72,6 +72,10 @@ class FileIndex:
         """Readable or being written (`SecondaryTier.holds`): not being deleted."""
         return key in self._sizes and key not in self._deleting
 
+    def is_pinned(self, key: OffloadKey) -> bool:
+        """Being read (or its header rewritten): not evictable until unpinned."""
+        return key in self._pins
+
     def _evictable(self, key: OffloadKey) -> bool:
         return key not in self._writing and key not in self._pins
 

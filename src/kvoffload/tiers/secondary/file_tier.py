@@ -7,9 +7,12 @@ with `rescan_interval_s`, engines sharing the directory also find each other's.
 Chunks keep their retention hints: the index orders evictions by them, and
 each file's header holds its hint in Unix time, so a load (by this engine, after
 a restart, or by another engine sharing the directory) hands it back to the
-primary tier. Files the tier indexes without writing them (at a restart, or
-found by a rescan) start unhinted; their headers are read on the rescan thread
-and the hints still live apply from the next poll (`file_hints`). A chunk
+primary tier. A hint renewed later (a returning request's touch, or a cascade
+of a chunk on disk already) is written into the header in place, on the I/O
+threads, once it moves the deadline far enough (`file_renewals`). Files the
+tier indexes without writing them (at a restart, or found by a rescan) start
+unhinted; their headers are read on the rescan thread and the hints still live
+apply from the next poll (`file_hints`). A chunk
 failing any check on load is a miss and its file is deleted; something other
 than a regular file at its path (a FIFO, say) is a miss and is left in place; a file that cannot be read for another reason (no free descriptors, say)
 fails that load only. A disk that runs out of space lowers the tier's capacity
@@ -50,6 +53,7 @@ from kvoffload.tiers.secondary.file_batches import FileBatches
 from kvoffload.tiers.secondary.file_hints import HintReader
 from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
+from kvoffload.tiers.secondary.file_renewals import HeaderRenewals
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.tiers.secondary.file_scan import ScannedFile
 from kvoffload.tiers.secondary.file_space import (
@@ -147,6 +151,7 @@ class FileTier(SecondaryTier):
         kept = self._rebuild_index()
         self._record_event(kept, False)  # readable from the start
         self._hint_reader = HintReader(self._files, self._rescans)
+        self._renewals = HeaderRenewals(self._files, self._index, self._executor)
         self._hint_reader.read_later(kept)
         self._rescan = (
             Rescanner(self._files, self._rescans, config.rescan_interval_s, kept, clock)
@@ -269,6 +274,7 @@ class FileTier(SecondaryTier):
             victims += reservation.victims
             if reservation.ok:
                 adopted.append(key)
+                self._renewals.found(key)
         self._index.capacity_bytes = self.capacity_bytes
         if victims:
             self._stats.evictions += len(victims)
@@ -311,7 +317,8 @@ class FileTier(SecondaryTier):
                 refused.append(key)
                 continue
             if self._index.is_known(key):
-                continue  # readable or being written: held already
+                self._renew(key, job.hint(i))  # held already
+                continue
             size = self._file_size(key)
             reservation = self._index.reserve(key, size)
             for victim in reservation.victims:
@@ -322,6 +329,7 @@ class FileTier(SecondaryTier):
                 continue
             started.append(i)
             self._index.retain((key,), job.hint(i))
+            self._renewals.wrote(key, job.hint(i))
             if spare.get(size):
                 recycle[i] = spare[size].pop()
         self._stats.store_skipped += len(refused)
@@ -343,6 +351,13 @@ class FileTier(SecondaryTier):
                 for batch in self._batches(started)
             ]
         self._executor.submit(job.job_id, tasks)
+
+    def _renew(self, key: OffloadKey, hint: float | None) -> None:
+        """A cascade of a chunk held already renews a positive hint, as a
+        touch does (a 0 is for chunks a request stores, not ones it finds)."""
+        if hint is not None and hint > 0:
+            self._index.retain((key,), hint)
+            self._renewals.request((key,), hint)
 
     def _file_size(self, key: OffloadKey) -> int:
         payload = self._payload_len(key)
@@ -374,7 +389,10 @@ class FileTier(SecondaryTier):
             return
         now, index = time.time(), self._index
         for key, until in found:
-            if not index.is_readable(key) or index.hints.hint_of(key) is not None:
+            if not index.is_readable(key):
+                continue
+            self._renewals.read(key, until)
+            if index.hints.hint_of(key) is not None:
                 continue
             left = 0.0 if until == 0.0 else until - now
             if until == 0.0 or left > 0:  # an expired hint is no hint
@@ -387,6 +405,7 @@ class FileTier(SecondaryTier):
         ]
 
     def get_finished_jobs(self) -> list[TierJobResult]:
+        self._renewals.finish()
         if self._rescan is not None:
             self._adopt_shared(self._rescan)
         self._take_read_hints()
@@ -463,12 +482,17 @@ class FileTier(SecondaryTier):
         hint = ctx.params.retention_s
         if hint is not None and hint > 0:
             self._index.retain(keys, hint)
+            self._renewals.request(keys, hint)
+
+    def on_schedule_end(self) -> None:
+        """Renewed hints reach the headers of their files (`file_renewals`)."""
+        self._renewals.flush()
 
     def has_pending_work(self) -> bool:
         # Files evicted for a rescan's finds, not yet reported deleted: their
         # keys cannot be stored again until a step hears of it.
         deleting = self._rescan is not None and self._rescan.deleting()
-        return bool(self._jobs) or deleting
+        return bool(self._jobs) or deleting or self._renewals.busy()
 
     def drain(self) -> None:
         """Waits for jobs only: a rescan in progress is voided by `reset_cache`,
@@ -480,6 +504,9 @@ class FileTier(SecondaryTier):
         (`ChunkFiles.remove_all`): files other engines put there go too, and a
         restarted engine or a rescan finds none of them."""
         assert not self._jobs, "reset_cache with jobs in flight"
+        self._executor.drain()  # header renewals: a few writes at most
+        self._renewals.finish()
+        self._renewals.clear()
         self._record_event(self._index.clear(), True)
         self._hint_reader.reset()
         self._files.remove_all()
