@@ -6,7 +6,9 @@ policy, and `ttl_s` if set). Stores and loads are pipelined batches on a thread
 pool.
 
 Retention hints: the header holds a chunk's hint (format 2, in Unix time), so
-whichever engine loads it hands it to its primary tier. The server evicts by
+whichever engine loads it hands it to its primary tier; a store that finds the
+value present under an earlier deadline rewrites the header's in place
+(`redis_renewal`). The server evicts by
 itself, so the tier can only shape expiry: with `ttl_s`, a held chunk's value
 expires no sooner than its hint ends (capped at about 139 years), and no
 engine's store or renewal shortens it (`SET ... NX`, `PEXPIRE ... GT`); without

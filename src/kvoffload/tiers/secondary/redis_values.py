@@ -2,7 +2,8 @@
 
 Each method is one pipelined batch of calls for a batch of chunks: the `PTTL`
 checks behind lookups, the `SET NX` (and `PEXPIRE ... GT`) of stores, the
-renewal of values a store finds held, and the checks of what `MGET` read. A
+renewal of values a store finds held (their expiry, and under a later hint
+their header: `redis_renewal`), and the checks of what `MGET` read. A
 failed pipeline raises what redis-py raises; `RedisTier` turns that into the
 server being down for a while (`RedisLink`), and an error reply for one command
 fails only that command's chunk.
@@ -13,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import cast
+from collections.abc import Iterator
+from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -27,10 +29,12 @@ from kvoffload.tiers.secondary.codec import (
     check_payload,
     decode_header,
     encode_header,
+    header_size,
     payload_checksum,
 )
 from kvoffload.tiers.secondary.executor import BatchOutcome
 from kvoffload.tiers.secondary.redis_link import REDIS_ERRORS, RedisLink
+from kvoffload.tiers.secondary.redis_renewal import HeaderRead, renew_headers
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
@@ -75,13 +79,15 @@ class RedisValues:
         under a longer hint keeps it (`PEXPIRE ... GT`, Redis 7 and Valkey;
         an older server refuses the option and the expiry stays as it is).
         Without `ttl_s` their LRU clock is renewed, as a `SET` would. A check
-        the server refused counts as absent."""
+        the server refused counts as absent. A positive hint renews the
+        value's header too (`redis_renewal`)."""
         if not checked:
             return []
         expiries = [self._px(job.hint(i)) for i in checked]
         pipe = self._link.client.pipeline(transaction=False)
         for i, px in zip(checked, expiries, strict=True):
             name = self.name_of(job.keys[i])
+            self._read_header(pipe, job, i)
             if px is None:
                 # Not TOUCH: a cluster pipeline drops its reply (redis-py 8.1);
                 # not EXISTS: it leaves the LRU clock as it is.
@@ -92,8 +98,10 @@ class RedisValues:
                 pipe.pexpire(name, px, gt=True)
                 pipe.pttl(name)
         replies = iter(self._link.execute(pipe))
-        held = []
+        held, reads = [], []
+        now = time.time()
         for i, px in zip(checked, expiries, strict=True):
+            read = self._header_read(job, i, replies, now)
             reply = next(replies)
             if px is not None:
                 reply = next(replies)  # the PTTL's: the value's presence
@@ -102,7 +110,28 @@ class RedisValues:
                 present = not isinstance(reply, Exception) and bool(reply)
             if present:
                 held.append(i)
+                if read is not None:
+                    reads.append(read)
+        renew_headers(self._link, self._fingerprint, reads, now)
         return held
+
+    def _read_header(self, pipe: Any, job: TierJob, i: int) -> None:
+        """Queue the `GETRANGE` of the header of a value under a positive hint."""
+        hint = job.hint(i)
+        if hint is not None and hint > 0:
+            key = job.keys[i]
+            size = header_size(len(key), self._fingerprint)
+            pipe.getrange(self.name_of(key), 0, size - 1)
+
+    def _header_read(
+        self, job: TierJob, i: int, replies: Iterator[Any], now: float
+    ) -> HeaderRead | None:
+        """The reply of `_read_header`'s `GETRANGE`, if one was queued."""
+        hint = job.hint(i)
+        if hint is None or not hint > 0:
+            return None
+        key = job.keys[i]
+        return HeaderRead(key, self.name_of(key), now + hint, next(replies))
 
     def set_values(self, job: TierJob, indices: list[int]) -> BatchOutcome:
         """`SET` each chunk's header and payload unless the server has the key
@@ -114,27 +143,33 @@ class RedisValues:
         sizes = []
         values: dict[int, tuple[str, bytes, int | None]] = {}
         pipe = self._link.client.pipeline(transaction=False)
+        now = time.time()
         for i in indices:
             key = job.keys[i]
             parts = self._buffer.chunk_views(job.slots[i], offload_key_group(key))
             n = sum(len(part) for part in parts)
             hint = job.hint(i)
             crc = payload_checksum(parts)
-            header = encode_header(key, self._fingerprint, n, crc, hint, time.time())
+            header = encode_header(key, self._fingerprint, n, crc, hint, now)
             value = b"".join((header, *parts))  # one allocation, one copy each
             name, px = self.name_of(key), self._px(hint)
             values[i] = (name, value, px)
             pipe.set(name, value, px=px, nx=True)
             if px is not None:
                 pipe.pexpire(name, px, gt=True)
+            self._read_header(pipe, job, i)  # of the value found there, if any
             sizes.append(n)
         replies = iter(self._link.execute(pipe))
         failed, full, held, num_bytes = [], [], [], 0
+        reads: dict[int, HeaderRead] = {}
         for i, n in zip(indices, sizes, strict=True):
             reply = next(replies)
             _, _, px = values[i]
             if px is not None:
                 next(replies)  # PEXPIRE GT's: an older server refuses GT
+            read = self._header_read(job, i, replies, now)
+            if read is not None and reply is None:
+                reads[i] = read
             if isinstance(reply, redis.OutOfMemoryError):
                 full.append(i)
             if isinstance(reply, Exception):
@@ -151,6 +186,8 @@ class RedisValues:
                 if values[i][0] in replaced
             )
             held = [i for i in held if values[i][0] not in replaced]
+            found = [reads[i] for i in held if i in reads]
+            renew_headers(self._link, self._fingerprint, found, now)
         return BatchOutcome(failed, num_bytes, full=full, held=held)
 
     def _replace_foreign(self, found: list[tuple[str, bytes, int | None]]) -> set[str]:
