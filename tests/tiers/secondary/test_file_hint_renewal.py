@@ -24,6 +24,7 @@ from kvoffload.tiers.secondary import (
     TierJob,
     TierJobResult,
     codec,
+    file_io,
 )
 from kvoffload.tiers.secondary.file_io import ChunkFiles
 from kvoffload.tiers.secondary.file_renewals import renew_file_deadline
@@ -222,3 +223,30 @@ def test_a_chunk_being_loaded_is_renewed_after_its_load(
     restarted = tier_at(tmp_path, buffer)
     assert 5990 < hint_loaded(restarted, 1) <= 6000
     restarted.shutdown()
+
+
+def test_a_header_read_half_renewed_is_read_again_not_dropped(
+    tmp_path: Path, buffer: ArrayChunkBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario: a load reads a header while another engine (or this one, for
+    a load submitted after the renewal) rewrites it: what it read fails the
+    header checksum. The header is read once more: the chunk loads, and its
+    file is kept."""
+    tier = tier_at(tmp_path, buffer)
+    store(tier, buffer, 1, 60)
+    reads = 0
+
+    def torn(fd: int, buffers: list[memoryview]) -> int:
+        nonlocal reads
+        got = read_all(fd, buffers)
+        reads += 1
+        if reads == 1:
+            buffers[0][24:32] = b"\xff" * 8  # the deadline, half written
+        return got
+
+    read_all = file_io._read_all
+    monkeypatch.setattr(file_io, "_read_all", torn)
+    assert 50 < hint_loaded(tier, 1) <= 60
+    assert reads == 1 and os.path.exists(tier.chunk_path(key(1)))
+    assert bytes(buffer.slot_view(1)[:N]) == payload(key(1), N)
+    tier.shutdown()

@@ -401,7 +401,8 @@ class ChunkFiles:
         it), `NotAChunkFileError` for something other than a regular file (a
         FIFO, say: never blocks), and `OSError` where the file could not be
         read, which says nothing of its contents (`FileNotFoundError`: it is
-        gone).
+        gone). A header failing its checksum is read once more first: it may
+        have been renewed in place as it was read (`file_renewals`).
         """
         payload = [part.cast("B") for part in dest]
         nbytes = sum(len(part) for part in payload)
@@ -424,10 +425,24 @@ class ChunkFiles:
             os.close(fd)
         if got != expected:
             raise CorruptChunkError(f"file has {got} bytes, expected {expected}")
-        header = decode_header(head)
+        try:
+            header = decode_header(head)
+        except CorruptChunkError:
+            # A header renewed in place (`file_renewals`, by this engine or
+            # another) as it was read may read half written: read once more
+            # before the file counts as bad.
+            header = decode_header(self._read_header(path, len(key)))
         check_header(header, key, self.fingerprint, nbytes)
         check_payload(header, payload)
         return nbytes, header.hint_left(time.time())
+
+    def _read_header(self, path: str, key_len: int) -> bytes:
+        fd = open_file(path, os.O_RDONLY)
+        try:
+            check_regular(fd, path)
+            return os.pread(fd, header_size(key_len, self.fingerprint), 0)
+        finally:
+            os.close(fd)
 
     def _open_for_reading(self, path: str, direct: bool) -> int:
         return self._open(partial(open_file, path), os.O_RDONLY, direct)

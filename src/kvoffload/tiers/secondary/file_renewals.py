@@ -9,8 +9,10 @@ for a file found on disk until then), collects the renewals a step asks for
 end (`flush`) hands those due, in batches, to the tier's I/O threads. Each
 chunk is pinned until its write is done (`finish`): not evicted under it, so
 its file is neither deleted nor reused for another chunk meanwhile. A chunk
-being loaded waits for a later step, so that its read never meets a header
-half written.
+being loaded waits for a later step, so that its read does not meet a header
+half written; a load that does (submitted under the write, or another
+engine's) reads a header failing its checksum once more before it gives up
+on the file (`ChunkFiles.read_hinted`).
 
 On an I/O thread, `renew_file_deadline` opens the file without creating it (a
 file deleted meanwhile stays deleted), takes an advisory lock on it (two
