@@ -162,3 +162,63 @@ def test_without_a_prefix_cache_uses_count_at_once(prefix_caching: bool) -> None
     connector.update_state_after_alloc("B", [[4, 5, 6]], 0, 8)
     expected = [] if prefix_caching else [("touch", "B", _keys(A))]
     assert manager.take() == expected
+
+
+def _runs_on_hit(
+    connector: OffloadConnector,
+    req_id: str,
+    tokens: list[int],
+    blocks: list[int],
+    hit: int = 4,
+) -> None:
+    """The request's first `hit` tokens are the engine's own hit (on the first
+    blocks); the rest of its prompt runs in one step; its stores land."""
+    req = _request(connector, req_id, tokens)
+    assert connector.get_num_new_matched_tokens(req, hit) == 0
+    connector.update_state_after_alloc(req_id, [blocks], hit, 0)
+    step = ScheduledRequest(
+        req_id, hit, len(tokens) - hit, (tuple(blocks),), replace_block_ids=True
+    )
+    plan = connector.build_step([step])
+    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
+
+
+SHARED = [1000, 1001, 1002, 1003]  # a system prompt: one chunk
+
+
+@pytest.mark.parametrize("continues", [False, True])
+def test_a_shared_prefix_another_conversation_keeps_in_the_engine_is_not_touched(
+    continues: bool,
+) -> None:
+    """Scenario: A computes the shared chunk s and its own on blocks 1-3; B (s and
+    its own chunk b) hits s in the engine (block 1) and finishes. C hits s too and
+    is given B's block 5: B's release is due while C, live, holds s in the engine.
+    C is another conversation: B's touch leaves s out (the engine keeps it while
+    any conversation using it runs). C continues B's conversation (it holds B's
+    last chunk, and the engine's copy of s leaves with it): s is touched. Once C
+    ends and its own release falls due, nobody holds s: C touches it."""
+    connector, manager = _setup(prefix_caching=True)
+    _request(connector, "A", [*SHARED, *range(5)])
+    _computes(connector, "A", [1, 2, 3])
+    connector.request_finished("A")
+    b_tokens = [*SHARED, *range(100, 105)]
+    s, b1 = _keys(b_tokens)
+    _runs_on_hit(connector, "B", b_tokens, [1, 4, 5])
+    connector.request_finished("B")
+    manager.take()
+    if continues:
+        c_tokens = [*b_tokens[:8], *range(200, 205)]
+        _runs_on_hit(connector, "C", c_tokens, [1, 4, 5, 6], hit=8)
+    else:
+        c_tokens = [*SHARED, *range(200, 205)]
+        _runs_on_hit(connector, "C", c_tokens, [1, 5, 6])
+    touched = [
+        keys for call, req, keys in manager.take() if (call, req) == ("touch", "B")
+    ]
+    assert touched == ([[s, b1]] if continues else [[b1]])
+    connector.request_finished("C")
+    _runs_on_hit(connector, "D", [*range(300, 309)], [7, 6, 8], hit=0)
+    touched = [
+        keys for call, req, keys in manager.take() if (call, req) == ("touch", "C")
+    ]
+    assert touched == [_keys(c_tokens)]

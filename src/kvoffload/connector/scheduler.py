@@ -1,26 +1,24 @@
 """The scheduler-side connector: a coordinator over lookup, load and store planning.
 
 It runs in the engine's scheduler, once per step, and knows requests, their block
-hashes and engine block ids, but nothing engine-specific: an adapter (vLLM's, or
-the engine model's) translates. Call order per request: `on_new_request` once;
+hashes and engine block ids, but nothing engine-specific: an adapter (vLLM's, or the
+engine model's) translates. Call order per request: `on_new_request` once;
 `get_num_new_matched_tokens` (again while it answers `None`);
-`update_state_after_alloc` when the engine allocated its blocks; `build_step`
-every step it is scheduled; `request_finished` once. The manager hears
-`on_request_finished` once the request's jobs have all completed, as in the seed:
-every `complete_load`/`complete_store` of a request reaches it first, after a
-reset or a failed job too. An engine that rewrites a
-request's tokens (vLLM's streaming-input sessions) calls `on_request_rewritten`
-before scheduling it again. Job results come back through `on_job_results` in
-any step.
+`update_state_after_alloc` when the engine allocated its blocks; `build_step` every
+step it is scheduled; `request_finished` once. The manager hears `on_request_finished`
+once the request's jobs have all completed, as in the seed: every
+`complete_load`/`complete_store` of a request reaches it first, after a reset or a
+failed job too. An engine that rewrites a request's tokens (vLLM's streaming-input
+sessions) calls `on_request_rewritten` before scheduling it again. Job results come
+back through `on_job_results` in any step.
 
-Engine blocks are fenced, not held (`fences`). A block the engine allocates afresh also voids every entry naming it in the
-chunks of live requests that may still be stored (vLLM frees a running request's
-blocks that leave a sliding window): those chunks are skipped, never stored from
-someone else's KV (`reuse_guard`).
+Engine blocks are fenced, not held (`fences`). A block the engine allocates afresh
+also voids every entry naming it in the chunks of live requests that may still be
+stored (vLLM frees a running request's blocks that leave a sliding window): those
+chunks are skipped, never stored from someone else's KV (`reuse_guard`).
 
 `reset_cache` does not wait for the jobs in flight: the host slots they touch stay
-held until their results arrive from every rank, and their loads are reported
-failed.
+held until their results arrive from every rank, and their loads are reported failed.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from kvoffload.connector.base import (
 )
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.fences import StoreFences
+from kvoffload.connector.held import HeldChunks
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.lookup import LookupPlanner
 from kvoffload.connector.observe import observe_load, observe_store
@@ -99,6 +98,7 @@ class OffloadConnector:
         self._request_of: dict[int, str] = {}
         self._guard = ReuseGuard(config.groups, config.null_block_id)
         self._releases = ReleaseWatch(config.groups, config.null_block_id)
+        self._held = HeldChunks(enabled=config.engine_prefix_caching)
         self._finished_loading: list[str] = []
         self._failed_loading: list[str] = []
         self._stats = ConnectorStats()
@@ -148,6 +148,7 @@ class OffloadConnector:
         self._guard.release(state)
         for group, ids in zip(state.groups, block_ids, strict=True):
             group.block_ids = list(ids)
+        self._held.sync(request_id, state.groups)
         self._fences.fence(block_ids)
         self._guard.note_allocated(block_ids, num_computed_tokens)
         self._releases.note_allocated(block_ids, num_computed_tokens)
@@ -242,6 +243,7 @@ class OffloadConnector:
         # The cursors moved back and the limit moved: index the table afresh.
         self._guard.release(state)
         self._guard.on_new_table(state)
+        self._held.sync(request_id, state.groups)
 
     def on_preempted(self, request_ids: Iterable[str]) -> None:
         """The engine freed these requests' blocks; they will be looked up again."""
@@ -251,6 +253,7 @@ class OffloadConnector:
                 continue
             state.deferred_since = None
             self._guard.release(state)
+            self._held.drop(req_id)
             self._watch_release(state)
             for group in state.groups:
                 group.block_ids = []
@@ -267,6 +270,7 @@ class OffloadConnector:
             return
         state.finished = True
         self._guard.release(state)
+        self._held.drop(request_id)
         self._touch_prefix(state)
         if not state.has_jobs():
             self._drop(state)
@@ -299,6 +303,7 @@ class OffloadConnector:
             self._fences.fence(item.new_block_ids)
             computed = item.num_computed_tokens + item.num_scheduled_tokens
             job = self._plan_store(state, computed)
+            self._held.sync(item.request_id, state.groups)  # keys, blocks grew
             if job is not None:
                 stores.append(job)
             if item.new_block_ids:
@@ -309,7 +314,7 @@ class OffloadConnector:
         # After the step's stores: the chunks of requests the engine let go of
         # this step do not protect themselves against the stores of the request
         # that displaced them from the engine.
-        for keys, ctx, stored in self._releases.take_due():
+        for keys, ctx, stored in self._releases.take_due(self._held):
             self.manager.touch(keys, ctx, stored=stored)
         plan = StepPlan(
             loads=tuple(self._pending_loads),
@@ -422,12 +427,7 @@ class OffloadConnector:
         """With an engine prefix cache: touch the request's chunks once the engine
         reallocates one of its blocks (it finished, or was preempted)."""
         if self.config.engine_prefix_caching:
-            self._releases.watch(
-                state.seen_keys(),
-                state.ctx,
-                frozenset(state.stored),
-                [group.block_ids for group in state.groups],
-            )
+            self._releases.watch_request(state)
 
     # -- job results -------------------------------------------------------------
 
