@@ -13,9 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvoffload.keys import OffloadKey
+from kvoffload.tiering.cascades import Cascades, Sent
 from kvoffload.tiering.config import TieringConfig
 from kvoffload.tiering.demotion import DEMOTION_CONTEXT, Demotions
 from kvoffload.tiering.promotions import PromotionTracker, promotion_batches
@@ -36,22 +37,12 @@ from kvoffload.tiers.secondary.base import Clock, SecondaryTier, TierJob, TierJo
 
 logger = logging.getLogger(__name__)
 
-_Sent = set[tuple[OffloadKey, int]]
-"""(key, tier index) pairs one completion has offered to the secondary tiers."""
-
 _MISS, _HIT, _PENDING, _RETRY = (
     LookupResult.MISS,
     LookupResult.HIT,
     LookupResult.HIT_PENDING,
     LookupResult.RETRY,
 )
-
-
-@dataclass(frozen=True)
-class _Job:
-    tier: int
-    promotion: bool
-    job: TierJob
 
 
 class TieringManager(OffloadingManager):
@@ -112,10 +103,7 @@ class TieringManager(OffloadingManager):
             self.config.promotion_failure_ttl_s,
             self.config.max_remembered_failures,
         )
-        self._jobs: dict[int, _Job] = {}
-        self._next_job_id = 0
-        self._inflight = [0] * len(self.tiers)
-        self._shed = [0] * len(self.tiers)
+        self._jobs = Cascades(primary, self.tiers)
         self._hit_tokens = [0] * len(self.tiers)
         self._demotions = Demotions(primary, self.tiers)
         self._polled = False
@@ -130,13 +118,9 @@ class TieringManager(OffloadingManager):
     def _poll(self) -> None:
         for index, tier in enumerate(self.tiers):
             for result in tier.get_finished_jobs():
-                record = self._jobs.pop(result.job_id)
-                assert record.tier == index, "a tier reported another tier's job"
+                record = self._jobs.finished(index, result.job_id)
                 if record.promotion:
                     self._finish_promotion(index, record.job, result)
-                else:
-                    self.primary.unpin(record.job.keys)
-                    self._inflight[index] -= len(record.job.keys)
 
     def _finish_promotion(
         self, source: int, job: TierJob, result: TierJobResult
@@ -160,7 +144,7 @@ class TieringManager(OffloadingManager):
         if state is not None:
             for key in lost:
                 state.promoted.pop(key, None)
-        sent: _Sent = set()
+        sent: Sent = set()
         self._promotion_landed(source, job.ctx, tracked, failed, sent)
         self._primary_written(loaded, True, sent)
         self._primary_written(lost, False, sent)
@@ -171,7 +155,7 @@ class TieringManager(OffloadingManager):
         ctx: ReqContext,
         tracked: list[OffloadKey],
         failed: set[OffloadKey],
-        sent: _Sent,
+        sent: Sent,
     ) -> None:
         """Cascade the promoted chunks that landed to the tiers ahead of `source`,
         for the request that promoted them. A reset forgot its promotions
@@ -181,11 +165,11 @@ class TieringManager(OffloadingManager):
             return
         state.promoting -= len(tracked)
         landed = [k for k in tracked if k not in failed and self.primary.is_readable(k)]
-        self._cascade(landed, state.ctx, range(source), sent)
+        self._jobs.cascade(landed, state.ctx, range(source), sent)
         self._maybe_finalize(state)
 
     def _primary_written(
-        self, keys: Iterable[OffloadKey], success: bool, sent: _Sent
+        self, keys: Iterable[OffloadKey], success: bool, sent: Sent
     ) -> None:
         """Cascade the chunks that requests parked until their primary write ended,
         except to the tiers the same completion already offered them to (`sent`)."""
@@ -198,60 +182,8 @@ class TieringManager(OffloadingManager):
             assert state is not None
             if success:
                 readable = [k for k in parked if self.primary.is_readable(k)]
-                self._cascade(readable, state.ctx, state.request_level_tiers, sent)
+                self._jobs.cascade(readable, state.ctx, state.request_level_tiers, sent)
             self._maybe_finalize(state)
-
-    # -- cascades ----------------------------------------------------------------
-
-    def _new_job(self, tier: int, promotion: bool, keys: Sequence[OffloadKey],
-                 slots: Sequence[int], ctx: ReqContext,
-                 hints: tuple[float | None, ...] | None = None) -> TierJob:  # fmt: skip
-        job = TierJob(self._next_job_id, tuple(keys), tuple(slots), ctx, hints)
-        self._next_job_id += 1
-        self._jobs[job.job_id] = _Job(tier, promotion, job)
-        return job
-
-    def _cascade(
-        self,
-        keys: list[OffloadKey],
-        ctx: ReqContext,
-        tiers: Iterable[int],
-        sent: _Sent | None = None,
-        demoting: bool = False,
-    ) -> None:
-        """Store readable primary chunks into `tiers`, pinned until the job ends.
-        Write-back tiers only when `demoting`, and only they then.
-
-        `sent` holds the (key, tier) pairs the same completion already offered,
-        stored or shed: those are skipped, and the pairs offered here are added.
-        A chunk its writer cascades and another request parked for the same tier
-        would otherwise be written, counted and announced twice, and take twice
-        its share of the tier's in-flight bound.
-        """
-        if not keys:
-            return
-        allowed = ctx.params.store_tiers
-        for index in tiers:
-            tier = self.tiers[index]
-            if tier.write_back != demoting:
-                continue
-            if not allowed.allows(tier.name, tier.medium, tier.locality):
-                continue
-            offered = keys
-            if sent is not None:
-                offered = [k for k in keys if (k, index) not in sent]
-                sent.update((k, index) for k in offered)
-            room = max(0, tier.max_inflight_chunks - self._inflight[index])
-            batch = offered[:room]
-            self._shed[index] += len(offered) - len(batch)
-            if not batch:
-                continue
-            slots = self.primary.pin(batch)
-            self._inflight[index] += len(batch)
-            # Each chunk's hint as the primary tier holds it now (another
-            # request's may have extended the writer's).
-            hints = self.primary.hints_of(batch)
-            tier.submit_store(self._new_job(index, False, batch, slots, ctx, hints))
 
     # -- lookups -----------------------------------------------------------------
 
@@ -373,7 +305,7 @@ class TieringManager(OffloadingManager):
                 self.config.promotion_first_batch,
                 self.config.promotion_max_batch,
             ):
-                job = self._new_job(
+                job = self._jobs.new_job(
                     load.tier,
                     True,
                     load.keys[start:end],
@@ -466,7 +398,7 @@ class TieringManager(OffloadingManager):
                 pending = writer != ctx.req_id
             if pending:
                 self._requests.park(ctx.req_id, key)
-        self._cascade(ready, ctx, state.request_level_tiers)
+        self._jobs.cascade(ready, ctx, state.request_level_tiers)
 
     def complete_store(
         self, keys: Sequence[OffloadKey], ctx: ReqContext, success: bool = True
@@ -474,13 +406,13 @@ class TieringManager(OffloadingManager):
         done = self._requests.writing_done(keys)
         self.primary.complete_store(keys, ctx, success)
         every_tier = range(len(self.tiers))
-        sent: _Sent = set()
+        sent: Sent = set()
         for req_id, written in done.items():
             state = self._requests.get(req_id)
             assert state is not None
             if success:
                 readable = [k for k in written if self.primary.is_readable(k)]
-                self._cascade(readable, state.ctx, every_tier, sent)
+                self._jobs.cascade(readable, state.ctx, every_tier, sent)
             self._primary_written(written, success, sent)
             self._maybe_finalize(state)
 
@@ -541,10 +473,12 @@ class TieringManager(OffloadingManager):
                 (held if tier.holds(key) else missing).append(key)
             if held:
                 tier.touch(held, DEMOTION_CONTEXT)
-            room = max(0, tier.max_inflight_chunks - self._inflight[index])
+            room = self._jobs.room(index)
             if len(missing) > room:
                 demotions.fell_behind()
-            self._cascade(missing[:room], DEMOTION_CONTEXT, (index,), demoting=True)
+            self._jobs.cascade(
+                missing[:room], DEMOTION_CONTEXT, (index,), demoting=True
+            )
 
     def on_schedule_end(self) -> None:
         self._poll()
@@ -610,7 +544,7 @@ class TieringManager(OffloadingManager):
             own = tier.get_stats()
             stats[tier.name] = replace(
                 own,
-                drops=own.drops + self._shed[index],
+                drops=own.drops + self._jobs.shed[index],
                 hit_tokens=own.hit_tokens + self._hit_tokens[index],
             )
         return stats
