@@ -40,12 +40,18 @@ class GroupState:
     def tokens_per_chunk(self) -> int:
         return self.tokens_per_block * self.blocks_per_chunk
 
-    def refresh_keys(self, block_hashes: Sequence[bytes]) -> None:
-        """Add the keys of chunks that became full since the last call."""
+    def refresh_keys(self, block_hashes: Sequence[bytes]) -> bool:
+        """Add the keys of chunks that became full since the last call; whether
+        there were any."""
         step = self.hashes_per_chunk
+        full = len(block_hashes) // step
+        known = len(self.keys)
+        if full <= known:
+            return False
         suffix = self.index.to_bytes(GROUP_INDEX_BYTES, "big")
-        for c in range(len(self.keys), len(block_hashes) // step):
+        for c in range(known, full):
             self.keys.append(OffloadKey(block_hashes[(c + 1) * step - 1] + suffix))
+        return True
 
     def drop_keys_past(self, num_tokens: int) -> list[OffloadKey]:
         """Drop the keys of chunks not wholly within the first `num_tokens`
@@ -127,10 +133,13 @@ class RequestState:
     def req_id(self) -> str:
         return self.ctx.req_id
 
-    def refresh_keys(self) -> None:
+    def refresh_keys(self) -> bool:
+        """Add the keys of chunks that became full; whether any group gained one."""
         hashes = self.request.block_hashes
+        grew = False
         for group in self.groups:
-            group.refresh_keys(hashes)
+            grew |= group.refresh_keys(hashes)
+        return grew
 
     def rewrite(
         self, num_kept_tokens: int, config: ConnectorConfig

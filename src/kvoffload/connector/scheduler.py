@@ -302,8 +302,12 @@ class OffloadConnector:
             self._apply_block_ids(state, item)
             self._fences.fence(item.new_block_ids)
             computed = item.num_computed_tokens + item.num_scheduled_tokens
+            keys_grew = state.refresh_keys()
             job = self._plan_store(state, computed)
-            self._held.sync(item.request_id, state.groups)  # keys, blocks grew
+            if keys_grew or item.new_block_ids:
+                # What it holds changes only with its keys or its table (most
+                # decode steps bring neither): a running batch costs nothing here.
+                self._held.sync(item.request_id, state.groups)
             if job is not None:
                 stores.append(job)
             if item.new_block_ids:
@@ -348,8 +352,8 @@ class OffloadConnector:
     def _plan_store(
         self, state: RequestState, computed_tokens: int
     ) -> TransferJob | None:
+        """The request's store this step (its keys refreshed by the caller)."""
         offloadable = self._offloadable(state, computed_tokens)
-        state.refresh_keys()
         chunks = chunks_to_store(state, offloadable, self.config.null_block_id)
         chunks, prefix, gaps = anchor_store(
             self.manager, state, chunks, self.config.null_block_id
