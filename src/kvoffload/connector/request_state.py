@@ -158,6 +158,15 @@ class RequestState:
         self.prefix_touched = False
         return dropped
 
+    def pass_hit(self, hit_tokens: int) -> None:
+        """The request started from its first `hit_tokens`: count them as hit and,
+        with `CHUNK_LEVEL`, start its stores past them (it did not compute them)."""
+        self.hit_tokens = hit_tokens
+        if self.policy is OffloadPolicy.CHUNK_LEVEL:
+            for group in self.groups:
+                chunks = hit_tokens // group.tokens_per_chunk
+                group.store_cursor = max(group.store_cursor, chunks)
+
     def has_jobs(self) -> bool:
         return self.jobs_in_flight > 0
 

@@ -36,6 +36,7 @@ from kvoffload.connector.base import (
     ScheduledRequest,
     StepPlan,
 )
+from kvoffload.connector.completions import JobCompletions
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.fences import StoreFences
 from kvoffload.connector.held import HeldChunks
@@ -57,7 +58,6 @@ from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     OffloadingEvent,
     OffloadingManager,
-    OffloadPolicy,
     ReqContext,
     TierStats,
 )
@@ -99,9 +99,10 @@ class OffloadConnector:
         self._guard = ReuseGuard(config.groups, config.null_block_id)
         self._releases = ReleaseWatch(config.groups, config.null_block_id)
         self._held = HeldChunks(enabled=config.engine_prefix_caching)
-        self._finished_loading: list[str] = []
-        self._failed_loading: list[str] = []
         self._stats = ConnectorStats()
+        self._completions = JobCompletions(
+            manager, self._stats, self._loading, self._fences, self._guard
+        )
 
     # -- request lifecycle -------------------------------------------------------
 
@@ -160,7 +161,7 @@ class OffloadConnector:
             state.engine_hit_tokens = num_computed_tokens
             # Past the loaded chunks only once they land: if the load fails, the
             # request computes them, and they are its own to store.
-            self._pass_hit(state, num_computed_tokens)
+            state.pass_hit(num_computed_tokens)
         if num_external_tokens <= 0:
             return
         planned = plan_load(
@@ -193,16 +194,6 @@ class OffloadConnector:
         for key in keys:
             self._loading[key] = self._loading.get(key, 0) + 1
         self._stats.hit_tokens += num_external_tokens
-
-    @staticmethod
-    def _pass_hit(state: RequestState, hit_tokens: int) -> None:
-        """The request started from its first `hit_tokens`: count them as hit and,
-        with `CHUNK_LEVEL`, start its stores past them (it did not compute them)."""
-        state.hit_tokens = hit_tokens
-        if state.policy is OffloadPolicy.CHUNK_LEVEL:
-            for group in state.groups:
-                chunks = hit_tokens // group.tokens_per_chunk
-                group.store_cursor = max(group.store_cursor, chunks)
 
     def _add_load(
         self,
@@ -446,104 +437,24 @@ class OffloadConnector:
         self._request_of.pop(record.job_id, None)
         current = self._jobs.is_current(record)
         if not current:
-            # Planned before a reset: its slots were held until now, on every rank.
+            # Planned before a reset: its slots were held until now, on every rank,
+            # and a load of it is over, so no step plan need name it stale again.
             self.manager.release_slots(record.held_slots)
+            self._stale_loads.discard(record.job_id)
         state = self._requests.get(record.request_id)
-        if record.direction is TransferDirection.LOAD:
-            self._complete_load(record, state, current)
-        else:
-            self._complete_store(record, state, current)
+        self._completions.complete(record, state, current)
         if state is None:
             return
         state.jobs_in_flight -= 1
         if state.finished and not state.has_jobs():
             self._drop(state)
 
-    def _complete_load(
-        self, record: JobRecord, state: RequestState | None, current: bool
-    ) -> None:
-        stats = self._stats
-        stats.load_jobs += 1
-        stats.bytes_loaded += record.num_bytes
-        stats.load_seconds += record.seconds
-        for key in record.keys:
-            count = self._loading.pop(key, 0) - 1
-            if count > 0:
-                self._loading[key] = count
-        if current:
-            self.manager.complete_load(
-                record.keys, state.ctx if state else ReqContext(record.request_id)
-            )
-        if record.success and current:
-            stats.chunks_loaded += len(record.keys)
-            self._finished_loading.append(record.request_id)
-        else:
-            stats.failed_load_jobs += 1
-            self._failed_loading.append(record.request_id)
-            if current:
-                logger.warning(
-                    "load job %d of request %s failed; it recomputes",
-                    record.job_id,
-                    record.request_id,
-                )
-                if state is not None:
-                    # Retrying could fail the same way forever: recompute instead.
-                    state.load_failed = True
-            else:
-                # Its chunks were dropped by the reset, maybe as KV of old weights.
-                self._stale_loads.discard(record.job_id)
-                logger.info(
-                    "load job %d of request %s was planned before a reset; "
-                    "it recomputes",
-                    record.job_id,
-                    record.request_id,
-                )
-        if state is not None and state.load_job == record.job_id:
-            state.load_job = None
-            self._land_hit(state, record.success and current)
-
-    def _land_hit(self, state: RequestState, loaded: bool) -> None:
-        """The request's load ended: if it was the first schedule's and it
-        succeeded, its chunks count as hit and its stores start past them."""
-        hit, state.load_hit_tokens = state.load_hit_tokens, 0
-        if hit and loaded and not state.finished:
-            self._pass_hit(state, hit)
-            # Cursors only moved forward, so the guard only drops positions: safe
-            # whenever results arrive, before or after a step's `void_reused`.
-            self._guard.sync(state)
-
-    def _complete_store(
-        self, record: JobRecord, state: RequestState | None, current: bool
-    ) -> None:
-        stats = self._stats
-        stats.store_jobs += 1
-        stats.bytes_stored += record.num_bytes
-        stats.store_seconds += record.seconds
-        void = record.void_keys
-        keys = [k for k in record.keys if k not in void] if void else record.keys
-        if current:
-            ctx = state.ctx if state else ReqContext(record.request_id)
-            self.manager.complete_store(keys, ctx, success=record.success)
-            if void:
-                self.manager.complete_store(
-                    [k for k in record.keys if k in void], ctx, success=False
-                )
-        if record.success:
-            stats.chunks_stored += len(keys)
-        else:
-            stats.failed_store_jobs += 1
-        if state is not None:
-            state.store_jobs.discard(record.job_id)
-        self._fences.remove(record.job_id, record.transfers)
-
     def take_load_results(self) -> tuple[list[str], list[str]]:
         """Requests whose load finished since the last call: (succeeded, failed).
 
         A failed load leaves the engine to recompute those tokens.
         """
-        done, failed = self._finished_loading, self._failed_loading
-        self._finished_loading, self._failed_loading = [], []
-        return done, failed
+        return self._completions.take_load_results()
 
     def has_pending_jobs(self) -> bool:
         """Whether transfer jobs of this connector are in flight."""
