@@ -41,19 +41,13 @@ from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.fences import StoreFences
 from kvoffload.connector.held import HeldChunks
 from kvoffload.connector.jobs import JobRecord, JobTracker
+from kvoffload.connector.loads import LoadPlanner
 from kvoffload.connector.lookup import LookupPlanner
-from kvoffload.connector.observe import observe_load, observe_store
 from kvoffload.connector.releases import ReleaseWatch
 from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
-from kvoffload.connector.transfers import (
-    anchor_store,
-    chunks_to_store,
-    load_tokens,
-    plan_load,
-    store_transfers,
-    transfer_slots,
-)
+from kvoffload.connector.stores import StorePlanner
+from kvoffload.connector.transfers import transfer_slots
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     OffloadingEvent,
@@ -83,7 +77,6 @@ class OffloadConnector:
     ) -> None:
         self.config = config
         self.manager = manager
-        self._observer = observer
         # Tiers are fixed at start-up: what requests may name in kv_*_tiers.
         self._tier_names = manager.tier_names()
         # Keys being loaded into the engine, with the number of loads carrying them.
@@ -100,6 +93,8 @@ class OffloadConnector:
         self._releases = ReleaseWatch(config.groups, config.null_block_id)
         self._held = HeldChunks(enabled=config.engine_prefix_caching)
         self._stats = ConnectorStats()
+        self._loads = LoadPlanner(config, manager, self._stats, self._loading, observer)
+        self._stores = StorePlanner(config, manager, self._guard, self._stats, observer)
         self._completions = JobCompletions(
             manager, self._stats, self._loading, self._fences, self._guard
         )
@@ -164,9 +159,7 @@ class OffloadConnector:
             state.pass_hit(num_computed_tokens)
         if num_external_tokens <= 0:
             return
-        planned = plan_load(
-            self.manager, state, num_computed_tokens, hit, self.config.null_block_id
-        )
+        planned = self._loads.plan(state, num_computed_tokens, hit)
         if planned is None:
             # A chunk the lookup counted has left the host tier since. The engine
             # waits for this load: fail it like any failed load, so it recomputes.
@@ -177,23 +170,9 @@ class OffloadConnector:
             )
             self._add_load(state, (), (), fail=True)
             return
-        keys, transfers = planned
-        self.manager.on_load_planned(
-            load_tokens(state, num_computed_tokens, hit), state.ctx
-        )
-        if not self.config.engine_prefix_caching:
-            # The engine drops these blocks with the request: the host copy is the
-            # only one its conversation will have, so the load is a use now and
-            # the request's own stores must not evict it (stop 17).
-            self.manager.touch(keys, state.ctx)
-        if self._observer is not None:
-            observe_load(self._observer, state, num_computed_tokens, hit)
-        self._add_load(state, keys, transfers)
+        self._add_load(state, *planned)
         if first_schedule:
             state.load_hit_tokens = hit
-        for key in keys:
-            self._loading[key] = self._loading.get(key, 0) + 1
-        self._stats.hit_tokens += num_external_tokens
 
     def _add_load(
         self,
@@ -202,14 +181,25 @@ class OffloadConnector:
         transfers: tuple[GroupTransfer, ...],
         fail: bool = False,
     ) -> None:
-        record = self._jobs.new(state.req_id, TransferDirection.LOAD, keys)
-        record.transfers = transfers
+        record = self._new_job(state, TransferDirection.LOAD, keys, transfers)
         state.load_job = record.job_id
-        state.jobs_in_flight += 1
         self._pending_loads.append(
             TransferJob(record.job_id, TransferDirection.LOAD, transfers, fail)
         )
+
+    def _new_job(
+        self,
+        state: RequestState,
+        direction: TransferDirection,
+        keys: tuple[OffloadKey, ...],
+        transfers: tuple[GroupTransfer, ...],
+    ) -> JobRecord:
+        """A job of the request, in flight until every rank has reported it."""
+        record = self._jobs.new(state.req_id, direction, keys)
+        record.transfers = transfers
+        state.jobs_in_flight += 1
         self._request_of[record.job_id] = state.req_id
+        return record
 
     def on_request_rewritten(self, request_id: str, num_kept_tokens: int) -> None:
         """The engine replaced the request's tokens past the first `num_kept_tokens`
@@ -336,66 +326,17 @@ class OffloadConnector:
             else:
                 group.block_ids.extend(ids)
 
-    def _offloadable(self, state: RequestState, computed_tokens: int) -> int:
-        """Of the request's first `computed_tokens`, those its stores may cover."""
-        return min(computed_tokens, state.store_limit)
-
     def _plan_store(
         self, state: RequestState, computed_tokens: int
     ) -> TransferJob | None:
         """The request's store this step (its keys refreshed by the caller)."""
-        offloadable = self._offloadable(state, computed_tokens)
-        chunks = chunks_to_store(state, offloadable, self.config.null_block_id)
-        chunks, prefix, gaps = anchor_store(
-            self.manager, state, chunks, self.config.null_block_id
-        )
-        self._stats.store_skipped += gaps
-        if not chunks:
+        planned = self._stores.plan(state, computed_tokens)
+        if planned is None:
             return None
-        prepared = self.manager.prepare_store(
-            [*prefix, *(g.keys[c] for g, c in chunks)], state.ctx
-        )
-        while prepared is None and len(chunks) > 1:
-            # No room for all of them: the head of the prefix is worth the most,
-            # so try the chunks ending in the first half of the span, in free room
-            # only: evicting others' chunks for a part of this prompt would trade
-            # whole prefixes for a fragment (a tier smaller than one prompt would
-            # hold the head of whichever request came last, and hit nothing).
-            ends = sorted({(c + 1) * g.tokens_per_chunk for g, c in chunks})
-            half = ends[(len(ends) - 1) // 2]
-            head = [(g, c) for g, c in chunks if (c + 1) * g.tokens_per_chunk <= half]
-            if len(head) == len(chunks):
-                break
-            self._stats.store_skipped += len(chunks) - len(head)
-            chunks = head
-            prepared = self.manager.prepare_store(
-                [*prefix, *(g.keys[c] for g, c in chunks)], state.ctx, may_evict=False
-            )
-        if prepared is None:
-            self._stats.store_skipped += len(chunks)
-            return None  # cursors stay: offered again next step
-        for group, chunk in chunks:
-            group.store_cursor = max(group.store_cursor, chunk + 1)
-        self._guard.sync(state)
-        if not prepared.keys_to_store:
-            return None
-        state.stored.update(prepared.keys_to_store)
-        if self.config.engine_prefix_caching:
-            # The new chunks are used now, head last (their hit prefix waits for
-            # the engine to let go of it; without a prefix cache the prompt's
-            # touch follows in this very step).
-            self.manager.touch(prepared.keys_to_store, state.ctx)
-        if self._observer is not None:
-            observe_store(self._observer, state.req_id, chunks, prepared.keys_to_store)
-        record = self._jobs.new(
-            state.req_id, TransferDirection.STORE, prepared.keys_to_store
-        )
+        keys, transfers = planned
+        record = self._new_job(state, TransferDirection.STORE, keys, transfers)
         state.store_jobs.add(record.job_id)
-        state.jobs_in_flight += 1
-        self._request_of[record.job_id] = state.req_id
-        transfers = store_transfers(chunks, prepared)
         self._fences.add(record.job_id, transfers)
-        record.transfers = transfers
         return TransferJob(record.job_id, TransferDirection.STORE, transfers)
 
     def _touch_prefix(self, state: RequestState) -> None:
