@@ -202,3 +202,49 @@ def test_gpu_benchmark_refuses_bad_arguments(
         bench_main(["gpu", *bad])
     assert exit_.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_rounds_benchmark_counts_points_below_vllm_over_every_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvoffload.bench.rounds import below_vllm
+
+    # random:1-2 runs both seeds; the totals cover every order and host size.
+    argv = ["rounds", "--order", "random:1-2", "--order", "bursts:2", "--json"]
+    assert bench_main([*argv, "--chunks", "10", "28"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *records, summary = lines
+    assert [r["order"] for r in records] == ["random:1", "random:2", "bursts:2"]
+    assert summary["orders"] == 3 and summary["points"] == 6
+    for name in ("kvoffload lru", "kvoffload arc", "kvoffload split"):
+        per_order = [sum(r["later_turn_hit_tokens"][name]) for r in records]
+        assert summary["sums"][name] == sum(per_order) > 0
+    counted: dict[str, int] = {}
+    for record in records:
+        for policy, where in below_vllm(record["later_turn_hit_tokens"]).items():
+            counted[policy] = counted.get(policy, 0) + len(where)
+    assert summary["below_vllm"] == counted
+
+
+def test_rounds_benchmark_below_vllm_compares_split_with_the_better_peer() -> None:
+    from kvoffload.bench.rounds import below_vllm
+
+    rows = {
+        "kvoffload lru": [5, 5],
+        "kvoffload arc": [5, 1],
+        "kvoffload split": [6, 6],
+        "vLLM lru": [6, 4],
+        "vLLM arc": [2, 7],
+    }
+    assert below_vllm(rows) == {"lru": [0], "arc": [1], "split": [1]}
+    assert below_vllm({"kvoffload lru": [1]}) == {}
+
+
+@pytest.mark.parametrize("order", ["random:3-1", "random:a-2", "zigzag"])
+def test_rounds_benchmark_refuses_a_bad_order(
+    order: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["rounds", "--order", order])
+    assert exc.value.code == 2
+    assert order in capsys.readouterr().err

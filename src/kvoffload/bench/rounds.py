@@ -10,9 +10,13 @@ was loaded, else from chunk 0 (it stores again the head the device still holds);
 recency refreshed in `on_request_finished`, which the connector calls in the
 next request's first step, after that step's stores when it loads nothing.
 That order reproduces real vLLM's figures of issue 22 (2,944 later-turn tokens
-with LRU at 20 chunks). Prints later-turn hit tokens per host size.
+with LRU at 20 chunks). Prints later-turn hit tokens per host size and, with
+vLLM, the points where a kvoffload policy gets fewer than vLLM's same policy
+(`split`: fewer than the better of vLLM's two). `--order` may be given more than
+once, and `random:A-B` runs every seed from A to B: the totals then cover every
+order, which is how an interleaving the fixed sweep lacks shows up.
 
-    python -m kvoffload.bench rounds [--order ORDER] [--system-tokens N]
+    python -m kvoffload.bench rounds [--order ORDER ...] [--system-tokens N]
         [--conversations N] [--turns N] [--first-tokens N] [--chunks N ...] [--json]
 """
 
@@ -24,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvoffload.engine_model import BlockPool
-from kvoffload.replay.chat_rounds import ChatRounds, Turn, run_chat_rounds
+from kvoffload.replay.chat_rounds import ChatRounds, Turn, run_chat_rounds, turn_order
 
 DEFAULT_CHUNKS = (4, 7, 10, 14, 18, 20, 24, 28, 32, 36)
 DEVICE_BLOCKS = 16
@@ -85,28 +89,72 @@ def vllm_rounds() -> Callable[[Sequence[Turn], str, int, int], int] | None:
     return run
 
 
+def below_vllm(rows: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Per kvoffload policy, the indices of the host sizes where it gets fewer
+    later-turn tokens than vLLM: LRU and ARC against vLLM's same policy, `split`
+    against the better of the two (empty without vLLM's rows)."""
+    if "vLLM lru" not in rows:
+        return {}
+    best = [max(a, b) for a, b in zip(rows["vLLM lru"], rows["vLLM arc"], strict=True)]
+    peers = {"lru": rows["vLLM lru"], "arc": rows["vLLM arc"], "split": best}
+    return {
+        policy: [
+            i
+            for i, (ours, theirs) in enumerate(
+                zip(rows[f"kvoffload {policy}"], peer, strict=True)
+            )
+            if ours < theirs
+        ]
+        for policy, peer in peers.items()
+    }
+
+
+def expand_orders(orders: list[str]) -> list[str]:
+    """`random:A-B` as every seed from A to B; other orders as given
+    (`ValueError` naming a bad range)."""
+    out: list[str] = []
+    for order in orders:
+        kind, _, arg = order.partition(":")
+        first, dash, last = arg.partition("-")
+        if kind == "random" and dash:
+            if not (first.isdigit() and last.isdigit() and int(first) <= int(last)):
+                raise ValueError(f"order: {order!r} is not random:A-B with A <= B")
+            out += [f"random:{seed}" for seed in range(int(first), int(last) + 1)]
+        else:
+            out.append(order)
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m kvoffload.bench rounds", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--order", default="round-robin")
+    parser.add_argument("--order", action="append", default=None)
     parser.add_argument("--system-tokens", type=int, default=0)
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--first-tokens", type=int, default=768)
     parser.add_argument("--chunks", type=int, nargs="+", default=list(DEFAULT_CHUNKS))
     parser.add_argument("--json", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.order = expand_orders(args.order or ["round-robin"])
+        for order in args.order:
+            turn_order(1, 1, order)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_order(args: argparse.Namespace, order: str) -> dict[str, list[int]]:
+    """Later-turn hit tokens per host size of every kvoffload policy and, when
+    vLLM is installed, of vLLM's connector, for one turn order."""
     rounds = ChatRounds(
         conversations=args.conversations,
         turns=args.turns,
         first_tokens=args.first_tokens,
         system_tokens=args.system_tokens,
-        order=args.order,
+        order=order,
     )
     turns = rounds.requests()
     rows: dict[str, list[int]] = {}
@@ -121,10 +169,40 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"vLLM {policy}"] = [
                 native(turns, policy, n, rounds.block_tokens) for n in args.chunks
             ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    orders = args.order
+    totals: dict[str, int] = {}
+    below: dict[str, int] = {}
+    for order in orders:
+        rows = run_order(args, order)
+        for name, values in rows.items():
+            totals[name] = totals.get(name, 0) + sum(values)
+        for policy, where in below_vllm(rows).items():
+            below[policy] = below.get(policy, 0) + len(where)
+        if args.json:
+            record = {"order": order, "chunks": args.chunks}
+            print(json.dumps({**record, "later_turn_hit_tokens": rows}))
+            continue
+        print(f"order {order}")
+        print(
+            f"{'host chunks':<15}"
+            + "".join(f"{n:>8}" for n in args.chunks)
+            + "     sum"
+        )
+        for name, values in rows.items():
+            print(
+                f"{name:<15}" + "".join(f"{v:>8}" for v in values) + f"{sum(values):>8}"
+            )
+    points = len(orders) * len(args.chunks)
+    summary = {"orders": len(orders), "points": points, "below_vllm": below}
     if args.json:
-        print(json.dumps({"chunks": args.chunks, "later_turn_hit_tokens": rows}))
-        return 0
-    print(f"{'host chunks':<15}" + "".join(f"{n:>8}" for n in args.chunks) + "     sum")
-    for name, values in rows.items():
-        print(f"{name:<15}" + "".join(f"{v:>8}" for v in values) + f"{sum(values):>8}")
+        print(json.dumps({**summary, "sums": totals}))
+    elif below:
+        shown = ", ".join(f"{p} {n}" for p, n in below.items())
+        print(f"points below vLLM, of {points} per policy: {shown}")
+        print("sums: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
     return 0
