@@ -20,16 +20,18 @@ hints everything can pin the cache, and a client claiming a day gains nothing
 over one claiming a minute. Recency, admission and whatever the wrapped
 policy learns are its own: it sees every insert, touch and removal as before.
 With no hint live, `evict` is the wrapped policy's, call for call.
+
+The positive hints are `HintClaims` (hint_claims.py), what 0s are worth is
+`ZeroTrust` (zero_trust.py) and where shared prefixes end `SharedPrefixes`
+(shared_prefixes.py); this class orders evictions over them.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass
-from itertools import compress, count, filterfalse, takewhile
+from collections.abc import Sequence, Set
+from itertools import compress, filterfalse, takewhile
 
 from kvoffload.config import finite_seconds, shown
 from kvoffload.keys import OffloadKey
@@ -39,9 +41,17 @@ from kvoffload.policies.base import (
     Refusing,
     first_evictable,
 )
+from kvoffload.policies.hint_claims import Clock, HintClaims, RetentionCounts
+from kvoffload.policies.shared_prefixes import SharedPrefixes
 from kvoffload.policies.zero_trust import ZeroTrust
 
-Clock = Callable[[], float]
+__all__ = [
+    "DEFAULT_MAX_HINTED_SHARE",
+    "Clock",
+    "RetentionCounts",
+    "RetentionPolicy",
+    "check_max_hinted_share",
+]
 
 DEFAULT_MAX_HINTED_SHARE = 0.35
 """About a third of each tier: an application that hints everything still
@@ -49,13 +59,6 @@ leaves two thirds to the policy. A compromise measured on the bundled trace
 (docs/policies.md, "Retention hints"): exact hints gain with more room, hints of
 one length for every open session with less, and `all:S` stays near the
 policy's own figure only with a bound. Chunks hinted 0 go first whatever it."""
-
-_Claim = tuple[float, int, tuple[OffloadKey, ...]]
-"""(deadline, sequence, keys): one request's hint on a run of chunks, in the
-order hints expire."""
-_Ranked = tuple[float, int, float, tuple[OffloadKey, ...]]
-"""(-seconds, sequence, deadline, keys): the same, in the order hints stop
-counting past the bound: the longest first, then the oldest."""
 
 
 def check_max_hinted_share(value: object, where: str = "max_hinted_share") -> float:
@@ -67,19 +70,6 @@ def check_max_hinted_share(value: object, where: str = "max_hinted_share") -> fl
             "each tier that retention hints may hold; 0 turns positive hints off)"
         )
     return share
-
-
-@dataclass
-class RetentionCounts:
-    """What became of the hints (counters only grow)."""
-
-    honoured: int = 0
-    """Chunks loaded while under a hint (once per hint)."""
-    expired_unused: int = 0
-    """Hints that expired before their chunk was loaded."""
-    dropped: int = 0
-    """Hints that stopped counting before they expired: past the bound, or
-    their chunk evicted when nothing else could be."""
 
 
 class RetentionPolicy(EvictionPolicy):
@@ -105,11 +95,11 @@ class RetentionPolicy(EvictionPolicy):
         super().__init__(inner.capacity)
         self.inner = inner
         self._clock = clock
-        self._limit = math.floor(
-            check_max_hinted_share(max_hinted_share) * inner.capacity
-        )
-        self._deadline: dict[OffloadKey, float] = {}
-        """Chunks under an unexpired hint within the bound, with its deadline."""
+        limit = math.floor(check_max_hinted_share(max_hinted_share) * inner.capacity)
+        self._hints = HintClaims(limit, clock)
+        self._deadline = self._hints.deadline
+        """Chunks under an unexpired positive hint within the bound, with its
+        deadline (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
         # An OrderedDict, not a dict: chunks leave from the front, and a dict's
         # iteration walks every slot its deletions left, from the start.
         self._zero: OrderedDict[OffloadKey, int] = OrderedDict()
@@ -118,25 +108,11 @@ class RetentionPolicy(EvictionPolicy):
         self._trust = ZeroTrust(inner.capacity)
         self._gone = self._trust.gone
         """The chunks evicted under a 0 (`ZeroTrust`): empty unless 0s are sent."""
-        self._used: set[OffloadKey] = set()
-        """Chunks loaded under their present hint (a later hint on a chunk is a
-        new one, not yet honoured). Always within `_deadline`, which never
-        shares a key with `_zero`: the set operations below rely on both."""
-        self._claims: list[_Claim] = []
-        self._ranks: list[_Ranked] = []
-        self._seq = 0
         self._hinting = False
         """Whether any request has sent a hint: until then nothing is learned
         for them, so a deployment that sends none pays nothing."""
-        self._children: OrderedDict[OffloadKey, OffloadKey] = OrderedDict()
-        """A chunk's first child: the first chunk a request stored after it."""
-        self._shared: OrderedDict[OffloadKey, None] = OrderedDict()
-        """Chunks seen with two different children (bounded, oldest out)."""
-        self._latest = -math.inf
-        self._at_latest: set[OffloadKey] = set()
-        """The chunks whose deadline is `_latest`, the latest of all: a
-        request's later claims at the same instant skip them in C."""
-        self.counts = RetentionCounts()
+        self._prefixes = SharedPrefixes(inner.capacity)
+        self.counts: RetentionCounts = self._hints.counts
 
     # -- the wrapped policy ------------------------------------------------------
 
@@ -159,34 +135,16 @@ class RetentionPolicy(EvictionPolicy):
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
         if self._deadline or self._zero:
-            self._forget((key,))
+            self._hints.forget((key,))
+            self._zero.pop(key, None)
 
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:
         self.inner.touch(keys, new)
         if self._hinting and new and keys and keys[0] not in new:
-            self._note_branch(keys, new)
-
-    def _note_branch(self, keys: Sequence[OffloadKey], new: Set[OffloadKey]) -> None:
-        """A request that found a prefix and stored what follows it branches
-        there: the chunk before its first own one has that one as a child. A
-        chunk with two different children ends a prefix requests share (a
-        system prompt, say), which a 0 does not speak for (`retain`)."""
-        # The first stored key, found in C (keys[0] is not one).
-        i = next(compress(count(), map(new.__contains__, keys)), 0)
-        if not i:
-            return
-        parent, child = keys[i - 1], keys[i]
-        first = self._children.get(parent)
-        if first is None:
-            self._children[parent] = child
-            if len(self._children) > self.inner.capacity:
-                self._children.popitem(last=False)
-        elif first != child and parent not in self._shared:
-            self._shared[parent] = None
-            if len(self._shared) > self.inner.capacity:
-                self._shared.popitem(last=False)
+            # A chunk that ends a prefix requests share is not a 0's (`retain`).
+            self._prefixes.note_branch(keys, new)
 
     def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
         return self.inner.admit(keys)
@@ -194,16 +152,10 @@ class RetentionPolicy(EvictionPolicy):
     def clear(self) -> None:
         """Forget every chunk and hint (the counters stay: they only grow)."""
         self.inner.clear()
-        self._deadline.clear()
+        self._hints.clear()
         self._zero.clear()
         self._trust.clear()
-        self._used.clear()
-        self._claims.clear()
-        self._ranks.clear()
-        self._children.clear()
-        self._shared.clear()
-        self._latest = -math.inf
-        self._at_latest.clear()
+        self._prefixes.clear()
 
     # -- hints -------------------------------------------------------------------
 
@@ -217,74 +169,21 @@ class RetentionPolicy(EvictionPolicy):
         if not keys:
             return
         self._hinting = True
-        deadline = self._deadline
         if seconds <= 0:
             # The prefix other requests share is not this one's to drop.
-            self._retain_zero(self._past_shared(keys))
+            self._retain_zero(self._prefixes.past_shared(keys))
             return
-        if self._limit == 0:
-            return
-        due = self._clock() + seconds
-        claimed: Sequence[OffloadKey]
-        if due > self._latest:
-            # Every live deadline is earlier: extend them all at C speed (the
-            # common case: one hint length for every request).
-            claimed = keys
-            self._latest = due
-            self._at_latest = set(keys)
-        elif due == self._latest:
-            # A request's second and third claims at one instant (its store,
-            # its touch): only the keys not yet under this deadline, found in C.
-            at_latest = self._at_latest
-            if at_latest.issuperset(keys):
-                return
-            claimed = list(filterfalse(at_latest.__contains__, keys))
-            at_latest.update(claimed)
-        else:
-            claimed = [k for k in keys if deadline.get(k, -math.inf) < due]
-            if not claimed:
-                return
-        deadline.update(dict.fromkeys(claimed, due))
-        if self._used:
-            self._used.difference_update(claimed)
+        claimed = self._hints.claim(keys, seconds)
         zero = self._zero
-        if zero:
+        if zero and claimed:
             for key in zero.keys() & claimed:
                 del zero[key]
-        run = tuple(claimed)
-        heapq.heappush(self._claims, (due, self._seq, run))
-        heapq.heappush(self._ranks, (-seconds, self._seq, due, run))
-        self._seq += 1
-        if len(deadline) > self._limit:
-            self._drop_past_bound()
-        if len(self._claims) + len(self._ranks) > 8 * len(deadline) + 4096:
-            self._compact()
 
     def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
         """Whether `retain(keys, seconds)` now would change nothing, known in C
-        without reading each key: every one of `keys` is under a positive hint
-        ending when this one would, the latest of all (a request's touch after
-        its store at one instant). `keys` need not be resident."""
-        return (
-            seconds > 0
-            and self._limit > 0
-            and self._clock() + seconds == self._latest
-            and self._at_latest.issuperset(keys)
-        )
-
-    def _past_shared(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
-        """`keys` after the last one that ends a prefix requests share (all of
-        them if none does). Such chunks are few and near the front (block 0 on
-        the bundled trace): each is looked for from the front, not the whole
-        prompt walked from its end. (A request's keys are distinct: each
-        chains its prefix's hash.)"""
-        shared = self._shared
-        if not shared:
-            return keys
-        found = shared.keys() & keys
-        if not found:
-            return keys
-        return keys[max(map(keys.index, found)) + 1 :]
+        without reading each key (`HintClaims.covers`). `keys` need not be
+        resident."""
+        return self._hints.covers(keys, seconds)
 
     def _retain_zero(self, keys: Sequence[OffloadKey]) -> None:
         """Put `keys` under no positive hint in class 1 (believed once ripe,
@@ -305,14 +204,10 @@ class RetentionPolicy(EvictionPolicy):
         """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
         if not self._deadline and not self._zero:
             return
-        self._expire(self._clock())
-        deadline, zero, used = self._deadline, self._zero, self._used
-        if deadline:  # set operations: at C speed, whatever the prefix length
-            # (`difference`, not `-=`: that walks all of `used`.)
-            fresh = (deadline.keys() & keys).difference(used)
-            if fresh:
-                used |= fresh
-                self.counts.honoured += len(fresh)
+        self._hints.expire(self._clock())
+        zero = self._zero
+        if self._deadline:
+            self._hints.honour(keys)
         if zero:
             wrong = zero.keys() & keys
             if wrong:
@@ -342,76 +237,7 @@ class RetentionPolicy(EvictionPolicy):
 
     def num_hinted(self) -> int:
         """Chunks under an unexpired hint (what the bound caps)."""
-        if self._claims:
-            self._expire(self._clock())
-        return len(self._deadline)
-
-    def _expire(self, now: float) -> None:
-        claims = self._claims
-        if not claims or claims[0][0] > now:
-            return
-        deadline, used = self._deadline, self._used
-        while claims and claims[0][0] <= now:
-            due, _, keys = heapq.heappop(claims)
-            for key in keys:
-                if deadline.get(key) == due:
-                    del deadline[key]
-                    if key in used:
-                        used.discard(key)
-                    else:
-                        self.counts.expired_unused += 1
-        if now >= self._latest:  # every chunk at the latest deadline left above
-            self._at_latest.clear()
-
-    def _drop_past_bound(self) -> None:
-        """Past the bound, hints stop counting: the longest first (a chunk held
-        for a long hint costs more room per hit than one for a short hint, and a
-        client that claims a day gains nothing by it), among hints of one length
-        the oldest (the soonest to expire); a run's tail before its head (a hit
-        is a leading run)."""
-        deadline, ranks = self._deadline, self._ranks
-        while len(deadline) > self._limit and ranks:
-            length, seq, due, keys = heapq.heappop(ranks)
-            # The whole run is read, not only its tail: what goes back must be
-            # its live chunks only, or one that left and later took the same
-            # deadline again would count in this run, ahead of its own.
-            live = [k for k in keys if deadline.get(k) == due]
-            excess = len(deadline) - self._limit
-            drop = live[-excess:] if excess < len(live) else live
-            # (Chunks under a deadline are not hinted 0: `_forget` without it.)
-            used, at_latest = self._used, self._at_latest
-            for key in drop:
-                deadline.pop(key, None)
-                used.discard(key)
-                at_latest.discard(key)
-            self.counts.dropped += len(drop)
-            if len(drop) < len(live):
-                kept = tuple(live[: len(live) - len(drop)])
-                heapq.heappush(ranks, (length, seq, due, kept))
-
-    def _compact(self) -> None:
-        """Drop the stale entries of both heaps (a run whose chunks have all
-        left, or taken later deadlines), which pile up under long hints."""
-        deadline = self._deadline
-
-        def live(keys: tuple[OffloadKey, ...], due: float) -> tuple[OffloadKey, ...]:
-            return tuple(k for k in keys if deadline.get(k) == due)
-
-        claims = [(d, q, live(k, d)) for d, q, k in self._claims]
-        self._claims = [c for c in claims if c[2]]
-        heapq.heapify(self._claims)
-        ranks = [(n, q, d, live(k, d)) for n, q, d, k in self._ranks]
-        self._ranks = [r for r in ranks if r[3]]
-        heapq.heapify(self._ranks)
-
-    def _forget(self, keys: Sequence[OffloadKey]) -> None:
-        deadline, zero, used = self._deadline, self._zero, self._used
-        at_latest = self._at_latest
-        for key in keys:
-            deadline.pop(key, None)
-            zero.pop(key, None)
-            used.discard(key)
-            at_latest.discard(key)
+        return self._hints.num_hinted()
 
     # -- eviction ----------------------------------------------------------------
 
@@ -420,7 +246,7 @@ class RetentionPolicy(EvictionPolicy):
     ) -> list[OffloadKey] | None:
         if n <= 0 or (not self._deadline and not self._zero):
             return self.inner.evict(n, incoming, evictable)
-        self._expire(self._clock())
+        self._hints.expire(self._clock())
         hinted, zero = self._deadline, self._zero
         ripe = self._trust.ripe() if zero else 0
         taken = self._take_zero(n, ripe, evictable) if zero else []
@@ -450,7 +276,9 @@ class RetentionPolicy(EvictionPolicy):
         if zero:
             self._zero_evicted(taken, got)
         if forget:
-            self._forget(got)
+            self._hints.forget(got)
+            for key in got:
+                zero.pop(key, None)
         return taken + got
 
     def _zero_evicted(self, taken: list[OffloadKey], got: list[OffloadKey]) -> None:
@@ -468,31 +296,6 @@ class RetentionPolicy(EvictionPolicy):
             taken = taken + unripe
             stamps += map(zero.pop, unripe)
         self._trust.evicted(taken, stamps, victims)
-
-    def _pick_hinted(
-        self, need: int, evictable: Evictable, picked: set[OffloadKey]
-    ) -> None:
-        """Add to `picked` up to `need` evictable hinted chunks, the first to stop
-        counting first (popped from the claims and pushed back: `evictable` may
-        raise `StopEviction`)."""
-        hinted, ranks = self._deadline, self._ranks
-        popped: list[_Ranked] = []
-        try:
-            while ranks and len(picked) < need:
-                entry = heapq.heappop(ranks)
-                _, _, due, keys = entry
-                live = [k for k in keys if hinted.get(k) == due]
-                if not live:
-                    continue  # stale: dropped for good
-                popped.append(entry)
-                for key in reversed(live):  # a run's tail first: a hit is a leading run
-                    if key not in picked and evictable(key):
-                        picked.add(key)
-                        if len(picked) == need:
-                            break
-        finally:
-            for entry in popped:
-                heapq.heappush(ranks, entry)
 
     def _take_zero(self, n: int, ripe: int, evictable: Evictable) -> list[OffloadKey]:
         """Up to `n` evictable chunks whose 0 is believed (dated at or before
@@ -517,7 +320,7 @@ class RetentionPolicy(EvictionPolicy):
         hinted, zero = self._deadline, self._zero
         picked: set[OffloadKey] = set()
         if need > 0:
-            self._pick_hinted(need, evictable, picked)
+            self._hints.pick(need, evictable, picked)
             if len(picked) < need:
                 return None
 
