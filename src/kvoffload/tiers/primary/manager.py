@@ -300,18 +300,22 @@ class CPUOffloadingManager(OffloadingManager):
     def eviction_order(self, n: int) -> list[OffloadKey]:
         """The next `n` readable chunks the policy would give up, in its order,
         pinned ones included (a pin ends). Nothing changes: the policy is asked
-        to evict with every chunk refused, and stopped once `n` were named."""
+        for `n` victims, each named chunk accepted, and stopped at the `n`th,
+        before it removes any. Accepting, not refusing, keeps the order the one
+        a store of `n` chunks takes: a policy may look further down one list when
+        its chunks are refused (`split` goes on through its once segment)."""
         seen: list[OffloadKey] = []
         if n <= 0:
             return seen
         writing = self._writing
 
         def record(key: OffloadKey) -> bool:
-            if key not in writing:
-                seen.append(key)
-                if len(seen) >= n:
-                    raise StopEviction
-            return False
+            if key in writing:
+                return False
+            seen.append(key)
+            if len(seen) >= n:
+                raise StopEviction
+            return True
 
         with contextlib.suppress(StopEviction):
             self._policy.evict(n, (), record)
