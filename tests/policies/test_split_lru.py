@@ -91,6 +91,35 @@ def test_a_continuation_leaves_before_the_reused_prefix_it_follows() -> None:
     assert k(0) in policy and k(1) in policy
 
 
+def test_a_batch_store_counts_its_own_chunks_toward_the_once_target() -> None:
+    """Scenario: a conversation's four chunks are reused, a second one stores
+    six, then a third stores six more in one batch (10 slots, once target 5).
+    The new chunks join the once segment, so it is above its target after the
+    store: the victims are the second conversation's once-seen chunks, as six
+    stores of one chunk each would take, not the reused prefix (which a store
+    that counted only the segment before it gave up, keeping no conversation
+    whole when each first turn displaces the last: a loop longer than the tier)."""
+    reused, second, third = (
+        [k(i) for i in range(4)],
+        [k(10 + i) for i in range(6)],
+        [k(20 + i) for i in range(6)],
+    )
+    batch, single = SplitLRUPolicy(10), SplitLRUPolicy(10)
+    for policy in (batch, single):
+        store(policy, reused)
+        policy.touch(reused)  # another request reuses them
+        store(policy, second)
+    assert sorted(store(batch, third, batch=True)) == sorted(second)
+    one_by_one: list[OffloadKey] = []
+    for key in third:
+        victims = single.evict(1, [key], always)
+        assert victims is not None
+        one_by_one += victims
+        single.insert(key)
+    assert sorted(one_by_one) == sorted(second)
+    assert all(key in batch and key in single for key in reused)
+
+
 def test_a_chunk_stored_again_soon_after_eviction_counts_as_reused() -> None:
     """Scenario: a once-seen chunk is evicted, then another request stores it."""
     policy = SplitLRUPolicy(4)

@@ -19,6 +19,7 @@ from kvoffload.replay.chat_rounds import ChatRounds, run_chat_rounds, turn_order
 NATIVE = {
     ("round-robin", 14): (0, 0),
     ("bursts:2", 7): (896, 896),
+    ("bursts:2", 10): (0, 128),
     ("system 256", 10): (1024, 1024),
     ("random:1", 10): (128, 128),
     ("random:1", 14): (128, 384),
@@ -103,7 +104,11 @@ def test_every_policy_hits_at_least_what_vllms_own_connector_does(
     Until a release left out of its touch the shared system prompt another
     conversation held in the engine, LRU and `split` hit 10,496 at 32 chunks
     with the system prompt: every release kept it in the tier, which the engine
-    served it from itself, and two conversation chunks had no room."""
+    served it from itself, and two conversation chunks had no room. Until a
+    batch store counted its own new chunks toward `split`'s once-segment target,
+    `split` hit nothing in bursts of 2 at 10 chunks: each new conversation's
+    first turn evicted the reused prefix of the one due next, not the once-seen
+    chunks of the conversation before it."""
     rounds = WORKLOADS[workload]
     turns = rounds.requests()
     lru, arc = NATIVE[workload, chunks]

@@ -114,7 +114,8 @@ def _take_dominated(
 class SplitLRUPolicy(EvictionPolicy):
     """Once-seen and reused chunks in two LRU segments with a learned split.
 
-    Eviction takes from the once segment while it is above its target size, then
+    Eviction takes from the once segment while it is above its target size
+    (counting the chunks being stored, as one-chunk stores would), then
     once-seen chunks last used before the reused segment's oldest chunk, else from
     the reused segment (each oldest first, skipping what `evictable` refuses).
     A chunk moves to the reused segment when another request touches it, or when it
@@ -305,8 +306,13 @@ class SplitLRUPolicy(EvictionPolicy):
         once, reused = self._once, self._reused
         # Take from the once segment while it is above its target, then its
         # chunks older than every reused one, then from the reused segment; when
-        # one runs out of evictable chunks, the other makes up.
-        want_once = min(n, max(0, len(once) - math.floor(self._control.target)))
+        # one runs out of evictable chunks, the other makes up. The incoming
+        # chunks join the once segment: a batch of n takes what n stores of one
+        # chunk would (each counted before the next eviction), so a new
+        # conversation's first turn displaces once-seen chunks, not the reused
+        # prefix of the one due next, once the segment reaches its target.
+        target = math.floor(self._control.target)
+        want_once = min(n, max(0, len(once) + n - 1 - target))
         from_once = iter(once)
         victims_once = first_evictable(from_once, want_once, evictable)
         want_reused = n - len(victims_once)
