@@ -6,32 +6,25 @@ files each at ten million chunks), few enough that creating them costs little. A
 file is the header, zero padding to the next 4 KiB, then the payload, written
 under a temporary name and renamed into place, so a chunk file is either absent or
 complete. Payloads move with direct I/O when their length and host address are
-4 KiB-aligned (see `ChunkFiles`). These functions run on I/O threads and raise
-`OSError` or `CorruptChunkError`; the tier turns them into failed chunks.
-`remove_all` (a reset) renames `<root>/<fingerprint>` aside, to a hidden
-`.<fingerprint>.<id>.deleting`, and deletes that in the background. Temporary
-files are named by their writers (see `file_temporary`). Modes, and what is not
-a regular file at a chunk path, are `file_access`'s concern; the scan of the
-directory is `file_scan`'s.
+4 KiB-aligned (see `ChunkFiles`; the means are `file_direct`'s). These functions
+run on I/O threads and raise `OSError` or `CorruptChunkError`; the tier turns them
+into failed chunks. `remove_all` (a reset) renames `<root>/<fingerprint>` aside
+and deletes it in the background (`file_reset`). Temporary files are named by
+their writers (see `file_temporary`). Modes, and what is not a regular file at a
+chunk path, are `file_access`'s concern; the scan of the directory is
+`file_scan`'s. `ALIGN`, `payload_offset`, `chunk_file_size` and `DELETING_SUFFIX`
+are importable from here too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
-import mmap
 import os
-import re
-import shutil
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-
-import numpy as np
 
 from kvoffload.keys import OffloadKey
 from kvoffload.processes import temporary_suffix
@@ -53,7 +46,26 @@ from kvoffload.tiers.secondary.file_access import (
     restrict_directory,
     set_file_mode,
 )
+from kvoffload.tiers.secondary.file_direct import ALIGN as ALIGN
+from kvoffload.tiers.secondary.file_direct import (
+    O_DIRECT,
+    HeaderPages,
+    is_aligned,
+    set_direct,
+)
+from kvoffload.tiers.secondary.file_direct import chunk_file_size as chunk_file_size
+from kvoffload.tiers.secondary.file_direct import payload_offset as payload_offset
+
+# Bound here under these names: tests replace them to tear reads and writes.
+from kvoffload.tiers.secondary.file_direct import read_all as _read_all
+from kvoffload.tiers.secondary.file_direct import write_all as _write_all
 from kvoffload.tiers.secondary.file_entries import CountedEntries, open_ledger
+from kvoffload.tiers.secondary.file_reset import DELETING_SUFFIX as DELETING_SUFFIX
+from kvoffload.tiers.secondary.file_reset import (
+    aside_path,
+    delete_trees,
+    remove_leftover_trees,
+)
 from kvoffload.tiers.secondary.file_scan import (
     CHUNK_SUFFIX,
     ScannedFile,
@@ -61,77 +73,6 @@ from kvoffload.tiers.secondary.file_scan import (
 )
 
 logger = logging.getLogger(__name__)
-
-DELETING_SUFFIX = ".deleting"
-"""A fingerprint directory renamed aside by `remove_all`, being deleted."""
-ALIGN = 4096
-"""Payload offset, and the alignment direct I/O needs of lengths and addresses."""
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-def _delete_trees(paths: Sequence[str]) -> None:
-    """Delete directory trees on a daemon thread: what is left of them when the
-    process ends, `ChunkFiles.remove_leftovers` deletes at the next start."""
-
-    def run() -> None:
-        for path in paths:
-            shutil.rmtree(path, ignore_errors=True)
-
-    if paths:
-        threading.Thread(target=run, name="kvoffload-file-delete", daemon=True).start()
-
-
-def payload_offset(key_len: int, fingerprint: str) -> int:
-    """Where the payload starts in a chunk file: the header rounded up to 4 KiB."""
-    return -(-header_size(key_len, fingerprint) // ALIGN) * ALIGN
-
-
-def chunk_file_size(key_len: int, fingerprint: str, payload_len: int) -> int:
-    """Bytes of the file of a chunk with `payload_len` bytes of payload."""
-    return payload_offset(key_len, fingerprint) + payload_len
-
-
-def _advance(views: list[memoryview], n: int) -> list[memoryview]:
-    """`views` without their first `n` bytes."""
-    while n and views:
-        if n >= len(views[0]):
-            n -= len(views[0])
-            views = views[1:]
-        else:
-            views = [views[0][n:], *views[1:]]
-            n = 0
-    return views
-
-
-def _write_all(fd: int, buffers: list[memoryview]) -> None:
-    """Write every buffer in order from offset 0, in as few calls as the kernel allows."""
-    views = [b for b in buffers if len(b)]
-    offset = 0
-    while views:
-        n = os.pwritev(fd, views, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        offset += n
-        views = _advance(views, n)
-
-
-def _read_all(fd: int, buffers: list[memoryview]) -> int:
-    """Fill the buffers in order from offset 0 until they are full or the file ends."""
-    views = [b for b in buffers if len(b)]
-    total = 0
-    while views:
-        got = os.preadv(fd, views, total)
-        if got == 0:
-            break
-        total += got
-        views = _advance(views, got)
-    return total
-
-
-def _is_aligned(view: memoryview) -> bool:
-    address = int(np.frombuffer(view, np.uint8).ctypes.data)
-    return address % ALIGN == 0 and len(view) % ALIGN == 0
-
 
 _MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
 _MOUNTS = "/proc/self/mounts"
@@ -155,26 +96,6 @@ def file_system_type(path: str) -> str | None:
     except OSError:
         return None
     return fstype
-
-
-def _set_direct(fd: int, on: bool) -> None:
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    flags = (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
-
-
-class _HeaderPages(threading.local):
-    """Per I/O thread: a page-aligned buffer for the padded header (an anonymous
-    map is page-aligned), as direct I/O needs; one per size, reused."""
-
-    def __init__(self) -> None:
-        self.pages: dict[int, memoryview] = {}
-
-    def get(self, size: int) -> memoryview:
-        page = self.pages.get(size)
-        if page is None:
-            page = self.pages[size] = memoryview(mmap.mmap(-1, size))
-        return page
 
 
 class ChunkFiles:
@@ -217,10 +138,10 @@ class ChunkFiles:
         restrict_directory(self.directory, self._directory_mode)
         self._direct = (
             direct
-            and bool(_O_DIRECT)
+            and bool(O_DIRECT)
             and file_system_type(self.directory) not in _MEMORY_FILE_SYSTEMS
         )
-        self._pages = _HeaderPages()
+        self._pages = HeaderPages()
         ledger = open_ledger(self.directory, capacity, file_mode, self._directory_mode)
         self._entries = CountedEntries(self.directory, self._directory_mode, ledger)
 
@@ -263,7 +184,7 @@ class ChunkFiles:
         return page
 
     def _use_direct(self, parts: Sequence[memoryview]) -> bool:
-        return self._direct and all(map(_is_aligned, parts))
+        return self._direct and all(map(is_aligned, parts))
 
     def _direct_refused(self, fd: int, exc: OSError) -> bool:
         """Whether `exc` is the file system refusing direct I/O on `fd`; if so,
@@ -271,7 +192,7 @@ class ChunkFiles:
         if exc.errno != errno.EINVAL:
             return False
         self._no_direct(exc)
-        _set_direct(fd, False)
+        set_direct(fd, False)
         return True
 
     def _no_direct(self, exc: OSError) -> None:
@@ -347,7 +268,7 @@ class ChunkFiles:
         without it: the first I/O after a restart may be a read or a write."""
         if direct:
             try:
-                return opener(flags | _O_DIRECT)
+                return opener(flags | O_DIRECT)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
@@ -371,7 +292,7 @@ class ChunkFiles:
         there would make every later write of this thread to that name fail."""
         source = self.path(victim)
         try:
-            fd = open_file(source, os.O_WRONLY | (_O_DIRECT if direct else 0))
+            fd = open_file(source, os.O_WRONLY | (O_DIRECT if direct else 0))
         except OSError:
             # Gone (deleted by hand, say: its count is corrected) or not to
             # be opened so (O_DIRECT refused, say): `_create` makes a file.
@@ -464,10 +385,7 @@ class ChunkFiles:
         deleted on a background thread, so the caller does not wait for
         millions of unlinks. Where renaming fails, files are deleted here.
         """
-        aside = os.path.join(
-            os.path.dirname(self.directory),
-            f".{self.fingerprint}.{uuid.uuid4().hex}{DELETING_SUFFIX}",
-        )
+        aside = aside_path(self.directory, self.fingerprint)
         try:
             # In a hold: no file is then being made or counted in the old
             # directory, whose ledger goes with it; the new one counts afresh.
@@ -484,19 +402,12 @@ class ChunkFiles:
         with contextlib.suppress(OSError):  # writes create it too
             make_directories(self.directory, self._directory_mode)
         if aside:
-            _delete_trees([aside])
+            delete_trees([aside])
 
     def remove_leftovers(self) -> None:
         """Delete, in the background, trees `remove_all` left when its process
         ended before it finished deleting them (this fingerprint's only)."""
-        root = os.path.dirname(self.directory)
-        fingerprint, suffix = re.escape(self.fingerprint), re.escape(DELETING_SUFFIX)
-        name = re.compile(rf"\.{fingerprint}\.[0-9a-f]{{32}}{suffix}")
-        try:
-            entries = os.listdir(root)
-        except OSError:
-            return
-        _delete_trees([os.path.join(root, e) for e in entries if name.fullmatch(e)])
+        remove_leftover_trees(self.directory, self.fingerprint)
 
     def scan(self, remove_abandoned: bool = False) -> Iterator[ScannedFile]:
         """Every chunk file in place; with `remove_abandoned`, the abandoned
