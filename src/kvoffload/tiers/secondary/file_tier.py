@@ -1,7 +1,7 @@
 """The file tier: chunks as checked files under a directory, with a byte capacity.
 
 Stores and loads run on a thread pool that writes from, and reads into, the host
-slots directly. The index lives on the scheduler thread and is rebuilt from the
+slots directly; their jobs are `file_jobs`'s, from submission to result. The index lives on the scheduler thread and is rebuilt from the
 directory at start, so a restarted process finds the chunks of the previous run;
 with `rescan_interval_s`, engines sharing the directory also find each other's.
 Chunks keep their retention hints: the index orders evictions by them, and
@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import replace
 
 from kvoffload.keys import OffloadKey, offload_key_group
 from kvoffload.policies import create_policy
@@ -43,40 +42,22 @@ from kvoffload.tiers.secondary.base import (
 )
 from kvoffload.tiers.secondary.codec import validate_fingerprint
 from kvoffload.tiers.secondary.config import FileTierConfig
-from kvoffload.tiers.secondary.executor import (
-    ExecutorResult,
-    JobExecutor,
-    Task,
-    split_indices,
-)
+from kvoffload.tiers.secondary.executor import JobExecutor
 from kvoffload.tiers.secondary.file_batches import FileBatches
 from kvoffload.tiers.secondary.file_hints import HintReader
 from kvoffload.tiers.secondary.file_index import FileIndex
 from kvoffload.tiers.secondary.file_io import ChunkFiles, chunk_file_size
+from kvoffload.tiers.secondary.file_jobs import FileJobs
 from kvoffload.tiers.secondary.file_renewals import HeaderRenewals
 from kvoffload.tiers.secondary.file_rescan import Rescanner
 from kvoffload.tiers.secondary.file_scan import ScannedFile
-from kvoffload.tiers.secondary.file_space import (
-    TierSpace,
-)
+from kvoffload.tiers.secondary.file_space import TierSpace
 from kvoffload.worker import ChunkBuffer
 
 logger = logging.getLogger(__name__)
 
 _KEY_LEN = 36
 """Bytes of an `OffloadKey` of a SHA-256 block hash and a 4-byte group index."""
-
-
-@dataclass(frozen=True)
-class _JobRecord:
-    job: TierJob
-    is_store: bool
-    started: tuple[int, ...]
-    """Indices of the job's keys handed to the I/O threads."""
-    refused: tuple[OffloadKey, ...]
-    """Keys failed before any I/O: no room or an evicted file still being
-    deleted (store), not readable (load)."""
-    victims: tuple[OffloadKey, ...] = ()
 
 
 def _chunk_files(config: FileTierConfig, fingerprint: str) -> ChunkFiles:
@@ -146,7 +127,6 @@ class FileTier(SecondaryTier):
         # Rescans get a thread of their own: a walk of a large shared directory
         # never holds up a job, nor `drain` (a reset voids it instead).
         self._rescans = JobExecutor(f"{config.name}-rescan", 1)
-        self._jobs: dict[int, _JobRecord] = {}
         self._stats = TierStats(capacity=self._capacity_chunks)
         kept = self._rebuild_index()
         self._record_event(kept, False)  # readable from the start
@@ -163,8 +143,17 @@ class FileTier(SecondaryTier):
         )
         self._space.start(self.used_bytes)
         self._index.capacity_bytes = self.capacity_bytes
-        self._io = FileBatches(
-            config.name, self._files, buffer, self._space, self._file_size
+        io = FileBatches(config.name, self._files, buffer, self._space, self._file_size)
+        self._jobs = FileJobs(
+            self._index,
+            io,
+            self._executor,
+            self._stats,
+            self._renewals,
+            self._space,
+            self._file_size,
+            self._record_event,
+            self._capacity_in_force,
         )
 
     @property
@@ -304,82 +293,15 @@ class FileTier(SecondaryTier):
         return LookupResult.MISS
 
     def submit_store(self, job: TierJob) -> None:
-        started: list[int] = []
-        refused: list[OffloadKey] = []
-        victims: list[OffloadKey] = []
-        # Evicted files are reused for new chunks of the same size (see ChunkFiles).
-        spare: dict[int, list[OffloadKey]] = {}
-        recycle: dict[int, OffloadKey] = {}
-        for i, key in enumerate(job.keys):
-            if self._index.is_deleting(key):
-                # The removal of its evicted file may land after a new write:
-                # not in the tier, so failed and counted, not skipped as held.
-                refused.append(key)
-                continue
-            if self._index.is_known(key):
-                self._renew(key, job.hint(i))  # held already
-                continue
-            size = self._file_size(key)
-            reservation = self._index.reserve(key, size)
-            for victim in reservation.victims:
-                spare.setdefault(self._file_size(victim), []).append(victim)
-            victims.extend(reservation.victims)
-            if not reservation.ok:
-                refused.append(key)
-                continue
-            started.append(i)
-            self._index.retain((key,), job.hint(i))
-            self._renewals.wrote(key, job.hint(i))
-            if spare.get(size):
-                recycle[i] = spare[size].pop()
-        self._stats.store_skipped += len(refused)
-        self._stats.evictions += len(victims)
-        self._record_event(victims, True)
-        self._jobs[job.job_id] = _JobRecord(
-            job, True, tuple(started), tuple(refused), tuple(victims)
-        )
-        unused = tuple(v for group in spare.values() for v in group)
-        if unused:
-            # Their room is for this job's files: the directory's ledger
-            # counts them until they are gone, so they go first.
-            writes = tuple(started)
-            run = partial(self._io.delete_then_write, job, writes, recycle, unused)
-            tasks = [Task(writes, run)]
-        else:
-            tasks = [
-                Task(batch, partial(self._io.write, job, batch, recycle))
-                for batch in self._batches(started)
-            ]
-        self._executor.submit(job.job_id, tasks)
+        self._jobs.submit_store(job)
 
-    def _renew(self, key: OffloadKey, hint: float | None) -> None:
-        """A cascade of a chunk held already renews a positive hint, as a
-        touch does (a 0 is for chunks a request stores, not ones it finds)."""
-        if hint is not None and hint > 0:
-            self._index.retain((key,), hint)
-            self._renewals.request((key,), hint)
+    def submit_load(self, job: TierJob) -> None:
+        self._jobs.submit_load(job)
 
     def _file_size(self, key: OffloadKey) -> int:
         payload = self._payload_len(key)
         assert payload is not None, "a stored key without a chunk size"
         return self._files.file_size(key, payload)
-
-    def submit_load(self, job: TierJob) -> None:
-        started: list[int] = []
-        refused: list[OffloadKey] = []
-        for i, key in enumerate(job.keys):
-            if self._index.is_readable(key):
-                self._index.pin(key)
-                started.append(i)
-            else:
-                refused.append(key)
-        self._index.hints.note_hit([job.keys[i] for i in started])
-        self._jobs[job.job_id] = _JobRecord(job, False, tuple(started), tuple(refused))
-        tasks = [
-            Task(batch, partial(self._io.read, job, batch))
-            for batch in self._batches(started)
-        ]
-        self._executor.submit(job.job_id, tasks)
 
     def _take_read_hints(self) -> None:
         """Apply the hints read from the headers of files this tier did not
@@ -398,12 +320,6 @@ class FileTier(SecondaryTier):
             if until == 0.0 or left > 0:  # an expired hint is no hint
                 index.retain((key,), left)
 
-    def _batches(self, indices: list[int]) -> list[tuple[int, ...]]:
-        return [
-            tuple(indices[r.start : r.stop])
-            for r in split_indices(len(indices), self._executor.num_threads)
-        ]
-
     def get_finished_jobs(self) -> list[TierJobResult]:
         self._renewals.finish()
         if self._rescan is not None:
@@ -411,66 +327,7 @@ class FileTier(SecondaryTier):
         self._take_read_hints()
         self._space.poll(self._index.used_bytes, self._rescans.submit_call)
         self._index.capacity_bytes = self.capacity_bytes
-        out = []
-        for result in self._executor.take_finished():
-            record = self._jobs.pop(result.job_id)
-            if record.is_store:
-                out.append(self._finish_store(record, result))
-            else:
-                out.append(self._finish_load(record, result))
-        return out
-
-    def _finish_store(
-        self, record: _JobRecord, result: ExecutorResult
-    ) -> TierJobResult:
-        keys = record.job.keys
-        stored = [keys[i] for i in record.started if i not in result.failed]
-        failed = [keys[i] for i in record.started if i in result.failed]
-        for key in stored:
-            self._index.commit(key, True)
-        for key in failed:
-            self._index.commit(key, False)
-        self._index.deleted(record.victims)
-        self._space.job_done(record.job.job_id, self._index.used_bytes)
-        self._index.capacity_bytes = self.capacity_bytes
-        stats = self._stats
-        stats.chunks_stored += len(stored)
-        stats.bytes_stored += result.num_bytes
-        # No room on the disk: skipped, as on a full tier, not failed.
-        stats.store_skipped += len(result.full)
-        stats.failures += len(failed) - len(result.full)
-        stats.transfer_seconds += result.seconds
-        self._record_event(stored, False)
-        return TierJobResult(
-            record.job.job_id,
-            (*record.refused, *failed),
-            result.num_bytes,
-            result.seconds,
-        )
-
-    def _finish_load(self, record: _JobRecord, result: ExecutorResult) -> TierJobResult:
-        keys = record.job.keys
-        bad: list[OffloadKey] = []
-        for i in record.started:
-            self._index.unpin(keys[i])
-            if i in result.lost and self._index.forget(keys[i]):
-                bad.append(keys[i])
-        self._record_event(bad, True)
-        failed = (
-            *record.refused,
-            *(keys[i] for i in record.started if i in result.failed),
-        )
-        stats = self._stats
-        stats.chunks_loaded += len(record.started) - len(result.failed)
-        stats.bytes_loaded += result.num_bytes
-        stats.failures += len(failed)
-        stats.transfer_seconds += result.seconds
-        hints = None
-        if result.hints:
-            hints = {keys[i]: hint for i, hint in result.hints.items()}
-        return TierJobResult(
-            record.job.job_id, failed, result.num_bytes, result.seconds, hints
-        )
+        return self._jobs.take_finished()
 
     def touch(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         """Recency, and the request's positive retention hint from now, as in
@@ -492,7 +349,7 @@ class FileTier(SecondaryTier):
         # Files evicted for a rescan's finds, not yet reported deleted: their
         # keys cannot be stored again until a step hears of it.
         deleting = self._rescan is not None and self._rescan.deleting()
-        return bool(self._jobs) or deleting or self._renewals.busy()
+        return self._jobs.pending() or deleting or self._renewals.busy()
 
     def drain(self) -> None:
         """Waits for jobs only: a rescan in progress is voided by `reset_cache`,
@@ -503,7 +360,7 @@ class FileTier(SecondaryTier):
         """Forget every chunk and remove the fingerprint's directory at once
         (`ChunkFiles.remove_all`): files other engines put there go too, and a
         restarted engine or a rescan finds none of them."""
-        assert not self._jobs, "reset_cache with jobs in flight"
+        assert not self._jobs.pending(), "reset_cache with jobs in flight"
         self._executor.drain()  # header renewals: a few writes at most
         self._renewals.finish()
         self._renewals.clear()
