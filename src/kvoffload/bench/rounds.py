@@ -146,9 +146,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_order(args: argparse.Namespace, order: str) -> dict[str, list[int]]:
-    """Later-turn hit tokens per host size of every kvoffload policy and, when
-    vLLM is installed, of vLLM's connector, for one turn order."""
+def run_order(
+    args: argparse.Namespace,
+    order: str,
+    native: Callable[[Sequence[Turn], str, int, int], int] | None,
+) -> dict[str, list[int]]:
+    """Later-turn hit tokens per host size of every kvoffload policy and, with
+    `native` (`vllm_rounds`), of vLLM's connector, for one turn order."""
     rounds = ChatRounds(
         conversations=args.conversations,
         turns=args.turns,
@@ -163,7 +167,6 @@ def run_order(args: argparse.Namespace, order: str) -> dict[str, list[int]]:
             run_chat_rounds(rounds, policy, n, DEVICE_BLOCKS, turns).later_hit_tokens
             for n in args.chunks
         ]
-    native = vllm_rounds()
     if native is not None:
         for policy in ("lru", "arc"):
             rows[f"vLLM {policy}"] = [
@@ -175,10 +178,11 @@ def run_order(args: argparse.Namespace, order: str) -> dict[str, list[int]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     orders = args.order
+    native = vllm_rounds()  # vLLM is imported once, whatever the number of orders
     totals: dict[str, int] = {}
     below: dict[str, int] = {}
     for order in orders:
-        rows = run_order(args, order)
+        rows = run_order(args, order, native)
         for name, values in rows.items():
             totals[name] = totals.get(name, 0) + sum(values)
         for policy, where in below_vllm(rows).items():
