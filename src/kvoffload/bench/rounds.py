@@ -17,7 +17,8 @@ once, and `random:A-B` runs every seed from A to B: the totals then cover every
 order, which is how an interleaving the fixed sweep lacks shows up.
 
     python -m kvoffload.bench rounds [--order ORDER ...] [--system-tokens N]
-        [--conversations N] [--turns N] [--first-tokens N] [--chunks N ...] [--json]
+        [--conversations N] [--turns N] [--first-tokens N] [--message-tokens N]
+        [--answer-tokens N] [--device-blocks N] [--chunks N ...] [--json]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DEFAULT_CHUNKS = (4, 7, 10, 14, 18, 20, 24, 28, 32, 36)
 DEVICE_BLOCKS = 16
 
 
-def vllm_rounds() -> Callable[[Sequence[Turn], str, int, int], int] | None:
+def vllm_rounds() -> Callable[[Sequence[Turn], str, int, int, int], int] | None:
     """Later-turn hit tokens of vLLM's connector order, or None without vLLM."""
     try:
         from vllm.v1.kv_offload.base import ReqContext, make_offload_key
@@ -42,9 +43,11 @@ def vllm_rounds() -> Callable[[Sequence[Turn], str, int, int], int] | None:
     except ImportError:
         return None
 
-    def run(turns: Sequence[Turn], policy: str, chunks: int, block: int) -> int:
+    def run(
+        turns: Sequence[Turn], policy: str, chunks: int, block: int, device_blocks: int
+    ) -> int:
         manager: Any = CPUOffloadingManager(chunks, cache_policy=policy)
-        device = BlockPool(DEVICE_BLOCKS)
+        device = BlockPool(device_blocks)
         device.release(device.allocate(1) or [])  # the bench's warm-up request
         unfinished: Any = None
         hits = 0
@@ -134,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--first-tokens", type=int, default=768)
+    parser.add_argument("--message-tokens", type=int, default=96)
+    parser.add_argument("--answer-tokens", type=int, default=16)
+    parser.add_argument("--device-blocks", type=int, default=DEVICE_BLOCKS)
     parser.add_argument("--chunks", type=int, nargs="+", default=list(DEFAULT_CHUNKS))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -149,7 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_order(
     args: argparse.Namespace,
     order: str,
-    native: Callable[[Sequence[Turn], str, int, int], int] | None,
+    native: Callable[[Sequence[Turn], str, int, int, int], int] | None,
 ) -> dict[str, list[int]]:
     """Later-turn hit tokens per host size of every kvoffload policy and, with
     `native` (`vllm_rounds`), of vLLM's connector, for one turn order."""
@@ -157,6 +163,8 @@ def run_order(
         conversations=args.conversations,
         turns=args.turns,
         first_tokens=args.first_tokens,
+        message_tokens=args.message_tokens,
+        answer_tokens=args.answer_tokens,
         system_tokens=args.system_tokens,
         order=order,
     )
@@ -164,13 +172,16 @@ def run_order(
     rows: dict[str, list[int]] = {}
     for policy in ("lru", "arc", "split"):
         rows[f"kvoffload {policy}"] = [
-            run_chat_rounds(rounds, policy, n, DEVICE_BLOCKS, turns).later_hit_tokens
+            run_chat_rounds(
+                rounds, policy, n, args.device_blocks, turns
+            ).later_hit_tokens
             for n in args.chunks
         ]
     if native is not None:
         for policy in ("lru", "arc"):
             rows[f"vLLM {policy}"] = [
-                native(turns, policy, n, rounds.block_tokens) for n in args.chunks
+                native(turns, policy, n, rounds.block_tokens, args.device_blocks)
+                for n in args.chunks
             ]
     return rows
 
