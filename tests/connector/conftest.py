@@ -69,12 +69,18 @@ class RecordingManager(CPUOffloadingManager):
         ctx: ReqContext,
         *,
         may_evict: bool = True,
+        keep_loaded: bool = True,
         promotion: bool = False,
         protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         self.calls.append(("prepare_store", ctx.req_id))
         out = super().prepare_store(
-            keys, ctx, may_evict=may_evict, promotion=promotion, protect=protect
+            keys,
+            ctx,
+            may_evict=may_evict,
+            keep_loaded=keep_loaded,
+            promotion=promotion,
+            protect=protect,
         )
         if out is not None:
             self.offered.setdefault(ctx.req_id, []).extend(keys)

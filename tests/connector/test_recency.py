@@ -41,12 +41,18 @@ class Calls(CPUOffloadingManager):
         ctx: ReqContext,
         *,
         may_evict: bool = True,
+        keep_loaded: bool = True,
         promotion: bool = False,
         protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         self.log.append(("store", ctx.req_id, list(keys)))
         return super().prepare_store(
-            keys, ctx, may_evict=may_evict, promotion=promotion, protect=protect
+            keys,
+            ctx,
+            may_evict=may_evict,
+            keep_loaded=keep_loaded,
+            promotion=promotion,
+            protect=protect,
         )
 
     def touch(

@@ -116,3 +116,42 @@ def test_a_tier_stack_does_not_call_a_chunk_host_memory_lacks_a_gap() -> None:
     assert stack.holds(c2) is None
     assert _run(connector, "C", C, [1, 2, 3, 4], engine_hit=8) == 1
     assert primary.holds(c2)
+
+
+def test_the_chunk_where_a_prompt_ended_is_stored_by_the_next_turn() -> None:
+    """Scenario: A's prompt is 6 tokens; its answer fills its second chunk in
+    the engine, which the tier never sees (prompt-only stores). B continues the
+    conversation: the engine serves it both chunks, and B stores its third.
+    The second is no chunk the tier gave up: B stores it with its third (it has
+    it in its engine blocks), and a later request finds all three in the tier.
+    Before, B skipped its third as behind a gap, and every later turn of the
+    conversation did the same: the tier held its first chunk and nothing more."""
+    connector, manager = _setup(8)
+    a_tokens = C[:8]  # 6 prompt tokens, then 2 of the answer
+    a = SimRequest("A", 0.0, 6, 2, HASHER.hash_blocks(a_tokens), 4)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [[1, 2]], 0, 0)
+    plan = connector.build_step([ScheduledRequest("A", 0, 6, ((1, 2),), True)])
+    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
+    a.num_output = 2
+    connector.build_step([ScheduledRequest("A", 6, 1, (), False)])
+    connector.request_finished("A")
+    c0, c1, c2 = _keys(C)
+    assert manager.holds(c0) and not manager.holds(c1)
+    assert _run(connector, "B", C, [1, 2, 3, 4], engine_hit=8) == 2
+    assert all(manager.holds(k) for k in (c0, c1, c2))
+    assert connector.get_stats().store_skipped == 0
+
+
+def test_a_gap_the_tier_made_is_not_filled_from_the_engine() -> None:
+    """The same turns, but A's second chunk was a prompt chunk it stored and
+    the tier gave up: B bets the engine lets go too, and skips its third."""
+    connector, manager = _setup(8)
+    assert _run(connector, "A", C[:8], [1, 2]) == 2
+    c0, c1, c2 = _keys(C)
+    manager.reset_cache()
+    assert _run(connector, "X", C[:4], [1]) == 1  # the tier has c0 again, not c1
+    assert manager.holds(c0) and not manager.holds(c1)
+    assert _run(connector, "B", C, [1, 2, 3, 4], engine_hit=8) == 0
+    assert not manager.holds(c2)

@@ -77,7 +77,6 @@ class RequestState:
     policy: OffloadPolicy
     groups: list[GroupState]
     load_job: int | None = None
-    load_keys: tuple[OffloadKey, ...] = ()
     store_jobs: set[int] = field(default_factory=set)
     jobs_in_flight: int = 0
     """Its load and store jobs not completed yet (on every rank)."""

@@ -39,6 +39,7 @@ from kvoffload.connector.base import (
 from kvoffload.connector.completions import JobCompletions
 from kvoffload.connector.config import ConnectorConfig
 from kvoffload.connector.fences import StoreFences
+from kvoffload.connector.head_bets import HeadBets
 from kvoffload.connector.held import HeldChunks
 from kvoffload.connector.jobs import JobRecord, JobTracker
 from kvoffload.connector.loads import LoadPlanner
@@ -48,6 +49,7 @@ from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.stores import StorePlanner
 from kvoffload.connector.transfers import transfer_slots
+from kvoffload.connector.unoffered import UnofferedChunks
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import (
     OffloadingEvent,
@@ -94,7 +96,17 @@ class OffloadConnector:
         self._held = HeldChunks(enabled=config.engine_prefix_caching)
         self._stats = ConnectorStats()
         self._loads = LoadPlanner(config, manager, self._stats, self._loading, observer)
-        self._stores = StorePlanner(config, manager, self._guard, self._stats, observer)
+        self._bets = HeadBets()
+        self._unoffered = UnofferedChunks()
+        self._stores = StorePlanner(
+            config,
+            manager,
+            self._guard,
+            self._stats,
+            observer,
+            self._bets,
+            self._unoffered,
+        )
         self._completions = JobCompletions(
             manager, self._stats, self._loading, self._fences, self._guard
         )
@@ -154,6 +166,7 @@ class OffloadConnector:
         if first_schedule:
             state.cursors_started = True
             state.engine_hit_tokens = num_computed_tokens
+            self._score_heads(state)
             # Past the loaded chunks only once they land: if the load fails, the
             # request computes them, and they are its own to store.
             state.pass_hit(num_computed_tokens)
@@ -253,8 +266,33 @@ class OffloadConnector:
         self._guard.release(state)
         self._held.drop(request_id)
         self._touch_prefix(state)
+        state.refresh_keys()
+        self._note_head(state)
+        self._unoffered.note_finished(state)
         if not state.has_jobs():
             self._drop(state)
+
+    def _score_heads(self, state: RequestState) -> None:
+        """At first schedule: which answer the engine's hit favours for the
+        loaded heads this request shares (`head_bets`)."""
+        if self.config.engine_prefix_caching and state.groups:
+            state.refresh_keys()
+            group = state.groups[0]
+            hit = state.engine_hit_tokens // group.tokens_per_chunk
+            self._bets.note_lookup(group.keys, hit)
+
+    def _note_head(self, state: RequestState) -> None:
+        """A request that loaded its head finished: its conversation's return
+        will score it (`head_bets`)."""
+        loaded = state.hit_tokens > state.engine_hit_tokens
+        if self.config.engine_prefix_caching and loaded and state.groups:
+            group = state.groups[0]
+            per = group.tokens_per_chunk
+            self._bets.note_finished(
+                group.keys,
+                state.hit_tokens // per,
+                state.request.num_prompt_tokens // per,
+            )
 
     def _drop(self, state: RequestState) -> None:
         """A finished request's last job has completed (SPEC §3.4: the manager
@@ -432,6 +470,8 @@ class OffloadConnector:
         for record in ended:
             record.held_slots = transfer_slots(record.transfers, groups)
         self._releases.clear()
+        self._bets.clear()
+        self._unoffered.clear()
         self.manager.reset_cache(
             [slot for record in ended for slot in record.held_slots]
         )

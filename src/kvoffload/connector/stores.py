@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from kvoffload.connector.base import ChunkObserver, ConnectorStats
 from kvoffload.connector.config import ConnectorConfig
+from kvoffload.connector.head_bets import HeadBets
 from kvoffload.connector.observe import observe_store
 from kvoffload.connector.request_state import RequestState
 from kvoffload.connector.reuse_guard import ReuseGuard
 from kvoffload.connector.transfers import anchor_store, chunks_to_store, store_transfers
+from kvoffload.connector.unoffered import UnofferedChunks
 from kvoffload.keys import OffloadKey
 from kvoffload.tiers.base import OffloadingManager
 from kvoffload.worker.base import GroupTransfer
@@ -31,8 +33,12 @@ class StorePlanner:
         guard: ReuseGuard,
         stats: ConnectorStats,
         observer: ChunkObserver | None,
+        bets: HeadBets,
+        unoffered: UnofferedChunks,
     ) -> None:
         self._config = config
+        self._bets = bets
+        self._unoffered = unoffered
         self._manager = manager
         self._guard = guard
         self._stats = stats
@@ -47,13 +53,19 @@ class StorePlanner:
         null_block = self._config.null_block_id
         offloadable = min(computed_tokens, state.store_limit)
         chunks = chunks_to_store(state, offloadable, null_block)
-        chunks, prefix, gaps = anchor_store(self._manager, state, chunks, null_block)
+        chunks, prefix, gaps = anchor_store(
+            self._manager, state, chunks, null_block, self._unoffered
+        )
         self._stats.store_skipped += gaps
         if not chunks:
             return None
-        prepared = self._manager.prepare_store(
-            [*prefix, *(g.keys[c] for g, c in chunks)], state.ctx
-        )
+        # Over its own loaded head only while the engine is seen to keep such
+        # heads until their conversations return (`head_bets`).
+        offer = [*prefix, *(g.keys[c] for g, c in chunks)]
+        if state.hit_tokens > state.engine_hit_tokens and self._bets.tail_first():
+            prepared = self._manager.prepare_store(offer, state.ctx, keep_loaded=False)
+        else:
+            prepared = self._manager.prepare_store(offer, state.ctx)
         while prepared is None and len(chunks) > 1:
             # No room for all of them: the head of the prefix is worth the most,
             # so try the chunks ending in the first half of the span, in free room

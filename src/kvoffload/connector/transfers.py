@@ -8,7 +8,7 @@ the last prompt token itself).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from kvoffload.connector.config import GroupSpec
 from kvoffload.connector.request_state import REUSED_BLOCK, GroupState, RequestState
@@ -104,6 +104,7 @@ def anchor_store(
     state: RequestState,
     chunks: list[tuple[GroupState, int]],
     null_block: int | None = None,
+    unoffered: Container[OffloadKey] = (),
 ) -> tuple[list[tuple[GroupState, int]], list[OffloadKey], int]:
     """Of `chunks` (from `chunks_to_store`), those worth storing; the held
     chunks right before them, to offer with them; and how many were skipped.
@@ -118,7 +119,11 @@ def anchor_store(
     likely turned over too; storing them would evict chunks that can hit from
     the start of a prompt. They are skipped, and their cursor moves past them
     (measured in docs/policies.md, "No store behind a gap"). A chunk whose
-    blocks left a sliding window is no gap: it was never to be stored.
+    blocks left a sliding window is no gap: it was never to be stored. Nor is
+    a run of chunks the tier never had because an earlier request held them
+    past its store limit (`unoffered`: the chunk where its prompt ended and
+    its answer began): the request has them in its engine blocks and stores
+    them with its own (`connector.unoffered`).
 
     The chunks of the engine's hit that the tier holds right before a group's
     first stored one are its prefix in the tier: offered with the store, they
@@ -140,9 +145,13 @@ def anchor_store(
             continue
         held = manager.holds(group.keys[first - 1])
         if held is False and gone.isdisjoint(group.chunk_blocks(first - 1)):
-            group.store_cursor = max(group.store_cursor, mine[-1][1] + 1)
-            skipped += len(mine)
-            continue
+            filled = _never_offered(manager, group, first, unoffered, gone)
+            if filled is None:
+                group.store_cursor = max(group.store_cursor, mine[-1][1] + 1)
+                skipped += len(mine)
+                continue
+            mine = [(group, c) for c in filled] + mine
+            first = filled[0]
         # Chunks the request loaded or stored rank its stores already.
         before = first - 1
         if first > state.engine_hit_tokens // group.tokens_per_chunk:
@@ -154,6 +163,27 @@ def anchor_store(
         prefix.extend(reversed(run))
         kept.extend(mine)
     return kept, prefix, skipped
+
+
+def _never_offered(
+    manager: OffloadingManager,
+    group: GroupState,
+    first: int,
+    unoffered: Container[OffloadKey],
+    gone: set[int],
+) -> list[int] | None:
+    """The chunks the tier lacks right before `first`, back to one it holds or
+    to the start, if every one of them is `unoffered` and still in the request's
+    engine blocks; `None` otherwise."""
+    run: list[int] = []
+    c = first - 1
+    while c >= 0 and manager.holds(group.keys[c]) is False:
+        if group.keys[c] not in unoffered or not gone.isdisjoint(group.chunk_blocks(c)):
+            return None
+        run.append(c)
+        c -= 1
+    run.reverse()
+    return run
 
 
 def store_transfers(

@@ -361,11 +361,18 @@ class TieringManager(OffloadingManager):
                 tier.touch(keys, ctx)
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext, *, may_evict: bool = True
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        may_evict: bool = True,
+        keep_loaded: bool = True,
     ) -> PrepareStoreOutput | None:
         self._poll_once()
         state = self._state(ctx, "prepare_store")
-        out = self.primary.prepare_store(keys, ctx, may_evict=may_evict)
+        out = self.primary.prepare_store(
+            keys, ctx, may_evict=may_evict, keep_loaded=keep_loaded
+        )
         if out is None:
             return None
         self._requests.writing_started(ctx.req_id, out.keys_to_store)

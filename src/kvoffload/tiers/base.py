@@ -270,16 +270,23 @@ class OffloadingManager(ABC):
 
     @abstractmethod
     def prepare_store(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext, *, may_evict: bool = True
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        *,
+        may_evict: bool = True,
+        keep_loaded: bool = True,
     ) -> PrepareStoreOutput | None:
         """Allocate slots for the keys not yet present, evicting if needed.
 
         Keys already present (readable or in flight) and keys the admission
         filter rejects are left out of `keys_to_store`. Chunks in `keys`, pinned
         chunks and chunks being written are never evicted, nor (by the primary
-        tier) chunks its policy ranks at or above the request's own. Without
-        `may_evict`, only free room is taken. Atomic: `None` means there is no
-        room even after eviction, and nothing changed.
+        tier) chunks its policy ranks at or above the request's own; without
+        `keep_loaded`, the chunks the request loaded do not count as its own
+        there (the engine is expected to hold them; `connector.head_bets`).
+        Without `may_evict`, only free room is taken. Atomic: `None` means there
+        is no room even after eviction, and nothing changed.
         """
 
     def complete_store(

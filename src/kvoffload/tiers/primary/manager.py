@@ -48,6 +48,9 @@ class CPUOffloadingManager(OffloadingManager):
     the policy would give up the request's own prefix first, the store is
     refused instead of evicting it (which would strand the new chunks) or
     chunks the policy values more (docs/policies.md, "Inside a real engine").
+    A store with `keep_loaded=False` may evict what its request loaded: the
+    connector says so when the engine is seen to keep such heads until the
+    conversation returns (`connector.head_bets`).
 
     Retention hints (`kv_retention_s`) order evictions over the policy's own
     (`RetentionPolicy`): a request's hint covers the chunks it stores, and those
@@ -242,6 +245,7 @@ class CPUOffloadingManager(OffloadingManager):
         ctx: ReqContext,
         *,
         may_evict: bool = True,
+        keep_loaded: bool = True,
         promotion: bool = False,
         protect: Sequence[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
@@ -266,7 +270,9 @@ class CPUOffloadingManager(OffloadingManager):
         needed = max(0, len(new) - self.num_free_slots())
         victims: list[OffloadKey] | None = None
         if not needed or may_evict:
-            evictable = self._evictable(keys, protect, None if promotion else ctx)
+            evictable = self._evictable(
+                keys, protect, None if promotion else ctx, keep_loaded
+            )
             try:
                 victims = self._policy.evict(needed, new, evictable)
             except StopEviction:
@@ -326,10 +332,12 @@ class CPUOffloadingManager(OffloadingManager):
         keys: Sequence[OffloadKey],
         protect: Sequence[OffloadKey],
         ctx: ReqContext | None,
+        keep_loaded: bool = True,
     ) -> Callable[[OffloadKey], bool]:
         """What a store of `keys` may evict: not them, nor `protect`, pinned or
         in-flight chunks; and, for `ctx`'s stores, nothing from the first of its
-        own chunks on, in the policy's order (`StopEviction`)."""
+        own chunks on, in the policy's order (`StopEviction`); the chunks it
+        loaded count as its own only with `keep_loaded`."""
         protected = set(keys)
         protected.update(protect)
         pins, writing = self._pins, self._writing
@@ -337,7 +345,7 @@ class CPUOffloadingManager(OffloadingManager):
             stored = loaded = offered = None
         else:
             stored = self._stored_by_request.get(ctx.req_id)
-            loaded = self._loaded_by_request.get(ctx.req_id)
+            loaded = self._loaded_by_request.get(ctx.req_id) if keep_loaded else None
             # The present keys of the store's own offer: its prefix here.
             offered = {key for key in keys if key in self._slots}
         if not stored and not loaded and not offered:
