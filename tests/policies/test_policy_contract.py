@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from itertools import count
 
 import pytest
 from hypothesis import given, settings
@@ -227,16 +228,21 @@ def test_a_refusing_evictable_takes_what_the_same_plain_check_takes(
     """Scenario: a wrapper sets chunks aside (`Refusing`, as `RetentionPolicy`
     does hinted ones). Two copies of a policy see the same operations; one is
     asked through a `Refusing`, the other through a plain check that refuses
-    the same keys: the victims are the same, and the `Refusing`'s own check is
-    never asked about a key it refuses outright."""
+    the same keys: the victims are the same, the `Refusing`'s own check is
+    never asked about a key it refuses outright, and its tally counts the keys
+    that check accepted, whether the policy scans in C or calls it."""
     plain, refusing = create_policy(name, 10), create_policy(name, 10)
     aside = {k(j) for j in refused}
     blocked = {k(j) for j in range(0, 31, 3)}
     asked: list[OffloadKey] = []
+    accepted: list[OffloadKey] = []
 
     def accept(key: OffloadKey) -> bool:
         asked.append(key)
-        return key not in blocked
+        if key in blocked:
+            return False
+        accepted.append(key)
+        return True
 
     def check(key: OffloadKey) -> bool:
         return key not in aside and key not in blocked
@@ -249,6 +255,25 @@ def test_a_refusing_evictable_takes_what_the_same_plain_check_takes(
                 policy.touch([k(i), k(i + 1)])
         if op == "evict":
             want = plain.evict(1 + i % 3, [k(100 + i)], check)
-            got = refusing.evict(1 + i % 3, [k(100 + i)], Refusing([aside], accept))
+            tally, before = count(), len(accepted)
+            refusing_check = Refusing([aside], accept, tally)
+            got = refusing.evict(1 + i % 3, [k(100 + i)], refusing_check)
             assert got == want
+            assert next(tally) == len(accepted) - before
     assert not aside & set(asked)
+
+
+def test_remove_many_is_remove_of_each_key(policy: EvictionPolicy) -> None:
+    """Scenario: two copies of a policy get the same chunks and touches; one
+    removes some chunks (and an unknown key) one call each, the other in one
+    call. Both then hold the same chunks and give them up in the same order."""
+    twin = create_policy(policy.name, 8)
+    for each in (policy, twin):
+        each.insert_many([k(i) for i in range(8)])
+        each.touch([k(i) for i in range(0, 8, 3)])
+    gone = [k(i) for i in (2, 3, 7, 40)]
+    for key in gone:
+        policy.remove(key)
+    twin.remove_many(gone)
+    assert len(policy) == len(twin) == 5
+    assert policy.evict(5, [], always) == twin.evict(5, [], always)

@@ -72,6 +72,12 @@ class ARCPolicy(EvictionPolicy):
         if self._t1.pop(key, 0) == 0:
             self._t2.pop(key, None)
 
+    def remove_many(self, keys: Sequence[OffloadKey]) -> None:
+        t1, t2 = self._t1, self._t2
+        for key in keys:
+            if t1.pop(key, 0) == 0:
+                t2.pop(key, None)
+
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:

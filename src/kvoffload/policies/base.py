@@ -13,6 +13,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Set
 from itertools import filterfalse, islice
+from operator import itemgetter
 from typing import ClassVar, TypeVar
 
 from kvoffload.config.shapes import shown
@@ -33,19 +34,31 @@ class Refusing:
     scans with `evictable_in` (or `first_evictable`) skips the refused keys in
     C instead, without a call per key. For a wrapper that sets keys aside
     (`RetentionPolicy`'s hinted chunks): they may fill the front of the wrapped
-    policy's order, and every eviction would otherwise ask about each again."""
+    policy's order, and every eviction would otherwise ask about each again.
+    With a `tally` (an `itertools.count`), each key accepted advances it: the
+    wrapper learns how many were, without a call of its own per key."""
 
-    __slots__ = ("accept", "refused")
+    __slots__ = ("accept", "refused", "tally")
 
-    def __init__(self, refused: Sequence[Container[OffloadKey]], accept: Evictable):
+    def __init__(
+        self,
+        refused: Sequence[Container[OffloadKey]],
+        accept: Evictable,
+        tally: Iterator[int] | None = None,
+    ):
         self.refused = tuple(refused)
         self.accept = accept
+        self.tally = tally
 
     def __call__(self, key: OffloadKey) -> bool:
         for keys in self.refused:
             if key in keys:
                 return False
-        return self.accept(key)
+        if not self.accept(key):
+            return False
+        if self.tally is not None:
+            next(self.tally)
+        return True
 
 
 def evictable_in(
@@ -57,7 +70,14 @@ def evictable_in(
     if isinstance(evictable, Refusing):
         for refused in evictable.refused:
             keys = filterfalse(refused.__contains__, keys)
-        evictable = evictable.accept
+        accepted = filter(evictable.accept, keys)
+        tally = evictable.tally
+        # (`zip` advances the tally only after a key is accepted.)
+        return (
+            accepted
+            if tally is None
+            else map(itemgetter(0), zip(accepted, tally, strict=False))
+        )
     return filter(evictable, keys)
 
 
@@ -117,6 +137,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
         """Drop a chunk (a failed store, say); unknown keys are ignored."""
+
+    def remove_many(self, keys: Sequence[OffloadKey]) -> None:
+        """`remove` each key (policies may do it without a call per key)."""
+        for key in keys:
+            self.remove(key)
 
     @abstractmethod
     def touch(

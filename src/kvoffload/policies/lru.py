@@ -41,6 +41,11 @@ class LRUPolicy(EvictionPolicy):
     def remove(self, key: OffloadKey) -> None:
         self._order.pop(key, None)
 
+    def remove_many(self, keys: Sequence[OffloadKey]) -> None:
+        pop = self._order.pop
+        for key in keys:
+            pop(key, None)
+
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:

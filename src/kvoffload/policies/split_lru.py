@@ -235,6 +235,12 @@ class SplitLRUPolicy(EvictionPolicy):
         if self._once.pop(key, None) is None:
             self._reused.pop(key, None)
 
+    def remove_many(self, keys: Sequence[OffloadKey]) -> None:
+        once, reused = self._once, self._reused
+        for key in keys:
+            if once.pop(key, None) is None:
+                reused.pop(key, None)
+
     # -- recency -------------------------------------------------------------------
 
     def touch(
