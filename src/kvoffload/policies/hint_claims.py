@@ -3,6 +3,14 @@ covers until when, what became of them, and which stop counting past the bound.
 
 `RetentionPolicy` keeps the chunks under these hints last (class 3 of its
 order) and asks `HintClaims` which of them to give up first when it must.
+
+State is kept per *run*: one `HintRun` for each claim (a request's hint on the
+chunks of one store or touch), holding its deadline, its length and the chunks
+loaded under it; a chunk's only entry is the run whose deadline it is under
+(`owner`). Expiring a run, trimming it past the bound or asking whether a chunk
+is under a given run is one lookup per chunk, at C speed; what a run's chunks
+were worth (honoured, expired unused) is counted from the run, not kept per
+chunk in tables of their own.
 """
 
 from __future__ import annotations
@@ -11,19 +19,38 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import filterfalse
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import Evictable
 
 Clock = Callable[[], float]
 
-_Claim = tuple[float, int, tuple[OffloadKey, ...]]
-"""(deadline, sequence, keys): one request's hint on a run of chunks, in the
-order hints expire."""
-_Ranked = tuple[float, int, float, tuple[OffloadKey, ...]]
-"""(-seconds, sequence, deadline, keys): the same, in the order hints stop
-counting past the bound: the longest first, then the oldest."""
+
+class HintRun:
+    """One request's positive hint on a run of chunks. Its chunks are those of
+    `keys` that `HintClaims.owner` maps to it: a later deadline from another
+    claim takes a chunk over, and one that leaves the tier, expires or stops
+    counting leaves `owner`."""
+
+    __slots__ = ("due", "keys", "live", "seconds", "seq", "used")
+
+    def __init__(
+        self, due: float, seconds: float, seq: int, keys: tuple[OffloadKey, ...]
+    ) -> None:
+        self.due = due
+        self.seconds = seconds
+        self.seq = seq
+        self.keys = keys
+        self.live = len(keys)
+        """How many of `keys` are still under this run."""
+        self.used: set[OffloadKey] | None = None
+        """Chunks loaded under this hint (once each; `None` while none was)."""
+
+
+_Queued = tuple[float, int, HintRun]
+"""(deadline, sequence, run) in the order hints expire, or (-seconds,
+sequence, run) in the order they stop counting past the bound: the longest
+first, then the oldest."""
 
 
 @dataclass
@@ -46,20 +73,17 @@ class HintClaims:
     from another request extends a chunk's, an earlier one does not shorten
     it); past `limit` chunks, hints stop counting in the order of `pick`. An
     expired hint is no hint: `expire(now)` drops them, and the owner calls it
-    before it reads `deadline`. `deadline` is read, never written, outside.
+    before it reads `owner`. `owner` is read, never written, outside.
     """
 
     def __init__(self, limit: int, clock: Clock) -> None:
         self.limit = limit
         self._clock = clock
-        self.deadline: dict[OffloadKey, float] = {}
-        """Chunks under an unexpired hint within the bound, with its deadline."""
-        self._used: set[OffloadKey] = set()
-        """Chunks loaded under their present hint (a later hint on a chunk is a
-        new one, not yet honoured). Always within `deadline`: the set
-        operations below rely on it."""
-        self._claims: list[_Claim] = []
-        self._ranks: list[_Ranked] = []
+        self.owner: dict[OffloadKey, HintRun] = {}
+        """Chunks under an unexpired hint within the bound, with the run whose
+        deadline they are under."""
+        self._claims: list[_Queued] = []
+        self._ranks: list[_Queued] = []
         self._seq = 0
         self._latest = -math.inf
         self._at_latest: set[OffloadKey] = set()
@@ -69,24 +93,34 @@ class HintClaims:
 
     def clear(self) -> None:
         """Forget every hint (the counters stay: they only grow)."""
-        self.deadline.clear()
-        self._used.clear()
+        self.owner.clear()
         self._claims.clear()
         self._ranks.clear()
         self._latest = -math.inf
         self._at_latest.clear()
+
+    def live(self, run: HintRun) -> Sequence[OffloadKey]:
+        """The chunks still under `run`, in its order (looked up only when
+        some have left)."""
+        keys = run.keys
+        if run.live == len(keys):
+            return keys
+        if not run.live:
+            return ()
+        get = self.owner.get
+        return [key for key in keys if get(key) is run]
 
     def claim(self, keys: Sequence[OffloadKey], seconds: float) -> Sequence[OffloadKey]:
         """Put `keys` (prefix order, not empty) under a hint of `seconds` > 0
         from now; returns those whose deadline it set (none if it changed none)."""
         if self.limit == 0:
             return ()
-        deadline = self.deadline
+        owner = self.owner
         due = self._clock() + seconds
         claimed: Sequence[OffloadKey]
         if due > self._latest:
-            # Every live deadline is earlier: extend them all at C speed (the
-            # common case: one hint length for every request).
+            # Every live deadline is earlier: all of `keys` (the common case:
+            # one hint length for every request).
             claimed = keys
             self._latest = due
             self._at_latest = set(keys)
@@ -96,22 +130,25 @@ class HintClaims:
             at_latest = self._at_latest
             if at_latest.issuperset(keys):
                 return ()
-            claimed = list(filterfalse(at_latest.__contains__, keys))
+            claimed = [key for key in keys if key not in at_latest]
             at_latest.update(claimed)
         else:
-            claimed = [k for k in keys if deadline.get(k, -math.inf) < due]
+            claimed = [k for k in keys if k not in owner or owner[k].due < due]
             if not claimed:
                 return ()
-        deadline.update(dict.fromkeys(claimed, due))
-        if self._used:
-            self._used.difference_update(claimed)
-        run = tuple(claimed)
+        run = HintRun(due, seconds, self._seq, tuple(claimed))
+        get = owner.get
+        for key in claimed:
+            left = get(key)
+            if left is not None:
+                left.live -= 1
+            owner[key] = run
         heapq.heappush(self._claims, (due, self._seq, run))
-        heapq.heappush(self._ranks, (-seconds, self._seq, due, run))
+        heapq.heappush(self._ranks, (-seconds, self._seq, run))
         self._seq += 1
-        if len(deadline) > self.limit:
+        if len(owner) > self.limit:
             self._drop_past_bound()
-        if len(self._claims) + len(self._ranks) > 8 * len(deadline) + 4096:
+        if len(self._claims) + len(self._ranks) > 8 * len(owner) + 4096:
             self._compact()
         return claimed
 
@@ -129,45 +166,55 @@ class HintClaims:
 
     def honour(self, keys: Sequence[OffloadKey]) -> None:
         """`keys` were loaded: count the hints they are under as honoured (once
-        per hint). Call after `expire`, with `deadline` not empty."""
-        # Set operations: at C speed, whatever the prefix length.
-        # (`difference`, not `-=`: that walks all of `used`.)
-        fresh = (self.deadline.keys() & keys).difference(self._used)
-        if fresh:
-            self._used |= fresh
-            self.counts.honoured += len(fresh)
+        per hint). Call after `expire`, with `owner` not empty."""
+        owner = self.owner
+        fresh = 0
+        for key in owner.keys() & keys:  # (found in C: most loads hold few)
+            run = owner[key]
+            used = run.used
+            if used is None:
+                run.used = {key}
+            elif key in used:
+                continue
+            else:
+                used.add(key)
+            fresh += 1
+        self.counts.honoured += fresh
 
     def num_hinted(self) -> int:
         """Chunks under an unexpired hint (what the bound caps)."""
         if self._claims:
             self.expire(self._clock())
-        return len(self.deadline)
+        return len(self.owner)
 
     def expire(self, now: float) -> None:
         """Drop the hints whose deadline is at or before `now`."""
         claims = self._claims
         if not claims or claims[0][0] > now:
             return
-        deadline, used = self.deadline, self._used
+        owner = self.owner
         while claims and claims[0][0] <= now:
-            due, _, keys = heapq.heappop(claims)
-            for key in keys:
-                if deadline.get(key) == due:
-                    del deadline[key]
-                    if key in used:
-                        used.discard(key)
-                    else:
-                        self.counts.expired_unused += 1
+            run = heapq.heappop(claims)[2]
+            live = self.live(run)
+            if not live:
+                continue
+            for key in live:
+                del owner[key]
+            run.live = 0
+            used = run.used
+            unused = len(live) - (len(used.intersection(live)) if used else 0)
+            self.counts.expired_unused += unused
         if now >= self._latest:  # every chunk at the latest deadline left above
             self._at_latest.clear()
 
     def forget(self, keys: Sequence[OffloadKey]) -> None:
         """`keys` left the tier: their hints with them (not counted)."""
-        deadline, used, at_latest = self.deadline, self._used, self._at_latest
+        pop, at_latest = self.owner.pop, self._at_latest
         for key in keys:
-            deadline.pop(key, None)
-            used.discard(key)
-            at_latest.discard(key)
+            run = pop(key, None)
+            if run is not None:
+                run.live -= 1
+                at_latest.discard(key)
 
     def _drop_past_bound(self) -> None:
         """Past the bound, hints stop counting: the longest first (a chunk held
@@ -175,51 +222,43 @@ class HintClaims:
         client that claims a day gains nothing by it), among hints of one length
         the oldest (the soonest to expire); a run's tail before its head (a hit
         is a leading run)."""
-        deadline, ranks = self.deadline, self._ranks
-        while len(deadline) > self.limit and ranks:
-            length, seq, due, keys = heapq.heappop(ranks)
-            # The whole run is read, not only its tail: what goes back must be
-            # its live chunks only, or one that left and later took the same
-            # deadline again would count in this run, ahead of its own.
-            live = [k for k in keys if deadline.get(k) == due]
-            excess = len(deadline) - self.limit
-            drop = live[-excess:] if excess < len(live) else live
-            used, at_latest = self._used, self._at_latest
-            for key in drop:
-                deadline.pop(key, None)
-                used.discard(key)
-                at_latest.discard(key)
-            self.counts.dropped += len(drop)
-            if len(drop) < len(live):
-                kept = tuple(live[: len(live) - len(drop)])
-                heapq.heappush(ranks, (length, seq, due, kept))
+        owner, ranks = self.owner, self._ranks
+        while len(owner) > self.limit and ranks:
+            entry = heapq.heappop(ranks)
+            run = entry[2]
+            live = self.live(run)
+            excess = len(owner) - self.limit
+            keep = len(live) - excess if excess < len(live) else 0
+            dropped = live[keep:]
+            for key in dropped:
+                del owner[key]
+            self._at_latest.difference_update(dropped)
+            run.live = keep
+            self.counts.dropped += len(dropped)
+            if keep:
+                # What goes back is its live head only: the next drop reads
+                # no chunk twice.
+                run.keys = tuple(live[:keep])
+                heapq.heappush(ranks, entry)
 
     def _compact(self) -> None:
         """Drop the stale entries of both heaps (a run whose chunks have all
         left, or taken later deadlines), which pile up under long hints."""
-        deadline = self.deadline
-
-        def live(keys: tuple[OffloadKey, ...], due: float) -> tuple[OffloadKey, ...]:
-            return tuple(k for k in keys if deadline.get(k) == due)
-
-        claims = [(d, q, live(k, d)) for d, q, k in self._claims]
-        self._claims = [c for c in claims if c[2]]
+        self._claims = [c for c in self._claims if c[2].live]
         heapq.heapify(self._claims)
-        ranks = [(n, q, d, live(k, d)) for n, q, d, k in self._ranks]
-        self._ranks = [r for r in ranks if r[3]]
+        self._ranks = [r for r in self._ranks if r[2].live]
         heapq.heapify(self._ranks)
 
     def pick(self, need: int, evictable: Evictable, picked: set[OffloadKey]) -> None:
         """Add to `picked` up to `need` evictable hinted chunks, the first to stop
         counting first (popped from the claims and pushed back: `evictable` may
         raise `StopEviction`)."""
-        hinted, ranks = self.deadline, self._ranks
-        popped: list[_Ranked] = []
+        ranks = self._ranks
+        popped: list[_Queued] = []
         try:
             while ranks and len(picked) < need:
                 entry = heapq.heappop(ranks)
-                _, _, due, keys = entry
-                live = [k for k in keys if hinted.get(k) == due]
+                live = self.live(entry[2])
                 if not live:
                     continue  # stale: dropped for good
                 popped.append(entry)

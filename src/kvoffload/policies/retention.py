@@ -21,17 +21,18 @@ over one claiming a minute. Recency, admission and whatever the wrapped
 policy learns are its own: it sees every insert, touch and removal as before.
 With no hint live, `evict` is the wrapped policy's, call for call.
 
-The positive hints are `HintClaims` (hint_claims.py), what 0s are worth is
-`ZeroTrust` (zero_trust.py) and where shared prefixes end `SharedPrefixes`
-(shared_prefixes.py); this class orders evictions over them.
+The positive hints are `HintClaims` (hint_claims.py), the 0s `ZeroHints`
+(zero_hints.py), what 0s are worth is `ZeroTrust` (zero_trust.py) and where
+shared prefixes end `SharedPrefixes` (shared_prefixes.py); this class orders
+evictions over them. Hints are kept per run (a request's hint on the chunks of
+one store or touch), each chunk under one run of each kind at most.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence, Set
-from itertools import compress, filterfalse, takewhile
+from itertools import count, filterfalse
 
 from kvoffload.config import finite_seconds, shown
 from kvoffload.keys import OffloadKey
@@ -39,10 +40,10 @@ from kvoffload.policies.base import (
     Evictable,
     EvictionPolicy,
     Refusing,
-    first_evictable,
 )
 from kvoffload.policies.hint_claims import Clock, HintClaims, RetentionCounts
 from kvoffload.policies.shared_prefixes import SharedPrefixes
+from kvoffload.policies.zero_hints import ZeroHints
 from kvoffload.policies.zero_trust import ZeroTrust
 
 __all__ = [
@@ -97,14 +98,13 @@ class RetentionPolicy(EvictionPolicy):
         self._clock = clock
         limit = math.floor(check_max_hinted_share(max_hinted_share) * inner.capacity)
         self._hints = HintClaims(limit, clock)
-        self._deadline = self._hints.deadline
+        self._hinted = self._hints.owner
         """Chunks under an unexpired positive hint within the bound, with its
-        deadline (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
-        # An OrderedDict, not a dict: chunks leave from the front, and a dict's
-        # iteration walks every slot its deletions left, from the start.
-        self._zero: OrderedDict[OffloadKey, int] = OrderedDict()
+        run (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
+        self._zero = ZeroHints()
         """Chunks hinted 0, oldest first (a positive hint takes a chunk out),
         with `ZeroTrust.clock` when hinted: believed once it is `ripe`."""
+        self._zero_run = self._zero.run_of
         self._trust = ZeroTrust(inner.capacity)
         self._gone = self._trust.gone
         """The chunks evicted under a 0 (`ZeroTrust`): empty unless 0s are sent."""
@@ -134,9 +134,9 @@ class RetentionPolicy(EvictionPolicy):
 
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
-        if self._deadline or self._zero:
+        if self._hinted or self._zero_run:
             self._hints.forget((key,))
-            self._zero.pop(key, None)
+            self._zero.pop(key)
 
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
@@ -162,7 +162,7 @@ class RetentionPolicy(EvictionPolicy):
     @property
     def active(self) -> bool:
         """Whether any chunk is under a hint (positive or 0)."""
-        return bool(self._deadline or self._zero)
+        return bool(self._hinted or self._zero_run)
 
     def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
         """Put resident `keys` (prefix order) under a hint of `seconds` from now."""
@@ -171,62 +171,52 @@ class RetentionPolicy(EvictionPolicy):
         self._hinting = True
         if seconds <= 0:
             # The prefix other requests share is not this one's to drop.
-            self._retain_zero(self._prefixes.past_shared(keys))
+            # Under no positive hint, in class 1 (believed once ripe,
+            # `ZeroTrust`), dated by the eviction clock; a chunk hinted 0
+            # already keeps its date.
+            trust = self._trust
+            given = self._zero.add(
+                self._prefixes.past_shared(keys), trust.clock, self._hinted
+            )
+            if given:
+                trust.given(given)
             return
         claimed = self._hints.claim(keys, seconds)
-        zero = self._zero
-        if zero and claimed:
-            for key in zero.keys() & claimed:
-                del zero[key]
+        if self._zero_run and claimed:
+            self._zero.pop_many(claimed)
 
     def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
         """Whether `retain(keys, seconds)` now would change nothing, known in C
         without reading each key (`HintClaims.covers`). `keys` need not be
         resident."""
-        return self._hints.covers(keys, seconds)
-
-    def _retain_zero(self, keys: Sequence[OffloadKey]) -> None:
-        """Put `keys` under no positive hint in class 1 (believed once ripe,
-        `ZeroTrust`), dated by the eviction clock; a chunk hinted 0 already keeps
-        its date."""
-        deadline, zero = self._deadline, self._zero
-        trust = self._trust
-        now = trust.clock
-        given = 0
-        for key in keys:  # (`zero` first: a request's later calls find most there)
-            if key not in zero and key not in deadline:
-                zero[key] = now
-                given += 1
-        if given:
-            trust.given(given)
+        return seconds > 0 and self._hints.covers(keys, seconds)
 
     def note_hit(self, keys: Sequence[OffloadKey]) -> None:
         """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
-        if not self._deadline and not self._zero:
+        if not self._hinted and not self._zero_run:
             return
         self._hints.expire(self._clock())
-        zero = self._zero
-        if self._deadline:
+        if self._hinted:
             self._hints.honour(keys)
-        if zero:
-            wrong = zero.keys() & keys
+        if self._zero_run:
+            wrong = self._zero.pop_many(keys)
             if wrong:
                 now = self._trust.clock
-                self._trust.proven([now - zero.pop(key) for key in wrong])
+                self._trust.proven([now - stamp for stamp in wrong])
 
     def hint_of(self, key: OffloadKey) -> float | None:
         """The hint `key` is under now, as a request gives one: seconds left
         (> 0), 0, or `None` for none."""
-        due = self._deadline.get(key)
-        if due is not None:
-            left = due - self._clock()
+        run = self._hinted.get(key)
+        if run is not None:
+            left = run.due - self._clock()
             return left if left > 0 else None
-        return 0.0 if key in self._zero else None
+        return 0.0 if key in self._zero_run else None
 
     def zero_believed(self, key: OffloadKey) -> bool:
         """Whether `key` is hinted 0 and the 0 is believed now: it goes first
         (a 0 not yet believed ranks as no hint; `ZeroTrust`)."""
-        stamp = self._zero.get(key)
+        stamp = self._zero.stamp(key)
         return stamp is not None and stamp <= self._trust.ripe()
 
     @property
@@ -244,31 +234,31 @@ class RetentionPolicy(EvictionPolicy):
     def evict(
         self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
     ) -> list[OffloadKey] | None:
-        if n <= 0 or (not self._deadline and not self._zero):
+        if n <= 0 or (not self._hinted and not self._zero_run):
             return self.inner.evict(n, incoming, evictable)
         self._hints.expire(self._clock())
-        hinted, zero = self._deadline, self._zero
+        hinted, zero = self._hinted, self._zero_run
         ripe = self._trust.ripe() if zero else 0
-        taken = self._take_zero(n, ripe, evictable) if zero else []
+        taken = self._zero.first_evictable(n, ripe, evictable) if zero else []
         rest = n - len(taken)
-        accepted = 0
-
-        def accept(key: OffloadKey) -> bool:
-            nonlocal accepted
-            stamp = zero.get(key)  # a 0 not yet believed ranks as no hint
-            if (stamp is not None and stamp <= ripe) or not evictable(key):
-                return False
-            accepted += 1
-            return True
-
         # Chunks under a hint outlive the unhinted ones around them, so they
         # gather at the front of the wrapped policy's order: `Refusing` lets
-        # its scan skip them in C, not with a call each at every eviction. (A
-        # 0 is refused only once believed: `accept` asks.)
-        unhinted = Refusing([hinted] if hinted else [], accept)
+        # its scan skip them in C, not with a call each at every eviction, and
+        # counts the chunks it accepts.
+        tally = count()
+        if self._zero.all_believed(ripe):
+            unhinted = Refusing([c for c in (hinted, zero) if c], evictable, tally)
+        else:
+            # A 0 is refused only once believed (one not yet ranks as no hint).
+            def accept(key: OffloadKey) -> bool:
+                run = zero.get(key)
+                return (run is None or run.stamp > ripe) and evictable(key)
+
+            unhinted = Refusing([hinted] if hinted else [], accept, tally)
         got = self.inner.evict(rest, incoming, unhinted)
         forget = got is None
         if got is None:
+            accepted = next(tally)
             got = self._evict_hinted(rest, rest - accepted, incoming, evictable, ripe)
             if got is None:
                 return None
@@ -277,33 +267,21 @@ class RetentionPolicy(EvictionPolicy):
             self._zero_evicted(taken, got)
         if forget:
             self._hints.forget(got)
-            for key in got:
-                zero.pop(key, None)
+            self._zero.pop_many(got)
         return taken + got
 
     def _zero_evicted(self, taken: list[OffloadKey], got: list[OffloadKey]) -> None:
         """`taken` (class 1) and `got` leave. `ZeroTrust` remembers them: a
         store of one again says what a 0, or the policy's victim, was worth."""
         zero = self._zero
-        remove = self.inner.remove
-        for key in taken:
-            remove(key)
         # (`taken` are hinted 0 only: not under a deadline.)
-        stamps = list(map(zero.pop, taken))
-        victims = list(filterfalse(zero.__contains__, got))
+        stamps = zero.take(taken, self.inner.remove_many)
+        victims = list(filterfalse(self._zero_run.__contains__, got))
         if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
-            unripe = [key for key in got if key in zero]
+            unripe = [key for key in got if key in self._zero_run]
             taken = taken + unripe
-            stamps += map(zero.pop, unripe)
+            stamps += zero.take(unripe)
         self._trust.evicted(taken, stamps, victims)
-
-    def _take_zero(self, n: int, ripe: int, evictable: Evictable) -> list[OffloadKey]:
-        """Up to `n` evictable chunks whose 0 is believed (dated at or before
-        `ripe`), oldest first (nothing removed)."""
-        zero = self._zero
-        # Dates only grow: the believed ones lead, and the scan runs in C.
-        believed = compress(zero, takewhile(bool, map(ripe.__ge__, zero.values())))
-        return first_evictable(believed, n, evictable)
 
     def _evict_hinted(
         self,
@@ -317,7 +295,7 @@ class RetentionPolicy(EvictionPolicy):
         wrapped policy, which asked about each before giving up, tells), and the
         `need` evictable hinted ones first in the order of class 3. A 0 dated
         after `ripe` is not yet believed: it ranks as no hint."""
-        hinted, zero = self._deadline, self._zero
+        hinted, zero = self._hinted, self._zero_run
         picked: set[OffloadKey] = set()
         if need > 0:
             self._hints.pick(need, evictable, picked)
@@ -325,8 +303,8 @@ class RetentionPolicy(EvictionPolicy):
                 return None
 
         def believed(key: OffloadKey) -> bool:
-            stamp = zero.get(key)
-            return stamp is not None and stamp <= ripe
+            run = zero.get(key)
+            return run is not None and run.stamp <= ripe
 
         def allowed(key: OffloadKey) -> bool:
             if believed(key) or (key in hinted and key not in picked):
