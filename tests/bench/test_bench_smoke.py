@@ -226,6 +226,24 @@ def test_rounds_benchmark_counts_points_below_vllm_over_every_order(
     assert summary["below_vllm"] == counted
 
 
+def test_rounds_benchmark_takes_the_peer_tools_sizes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sizes peer_vllm passes to its workers reach the engine model: with 2
+    conversations, 200-token messages and 12 device blocks the engine serves
+    most of each turn, and the tier's hits follow from the chunk where each
+    prompt ended (issue 22); at 8 blocks the engine keeps less and the tier
+    serves more."""
+    sizes = ["--conversations", "2", "--turns", "4", "--first-tokens", "256"]
+    sizes += ["--message-tokens", "200", "--chunks", "8", "--json"]
+    got = {}
+    for blocks in ("8", "12"):
+        assert bench_main(["rounds", *sizes, "--device-blocks", blocks]) == 0
+        record = json.loads(capsys.readouterr().out.splitlines()[0])
+        got[blocks] = record["later_turn_hit_tokens"]["kvoffload lru"][0]
+    assert got["12"] == 128 and got["8"] > got["12"]
+
+
 def test_rounds_benchmark_below_vllm_compares_split_with_the_better_peer() -> None:
     from kvoffload.bench.rounds import below_vllm
 
