@@ -244,6 +244,23 @@ def test_rounds_benchmark_takes_the_peer_tools_sizes(
     assert got["12"] == 128 and got["8"] > got["12"]
 
 
+def test_rounds_benchmark_grid_runs_the_drawn_configurations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--grid 1` runs the first drawn configuration at its ten host sizes, in
+    round-robin order, and names its sizes; the same seed draws the same one."""
+    from kvoffload.bench.rounds_grid import grid_cases
+
+    assert bench_main(["rounds", "--grid", "1", "--json"]) == 0
+    record, summary = map(json.loads, capsys.readouterr().out.splitlines())
+    case = grid_cases(1)[0]
+    assert record["sizes"] == case.label() and record["order"] == "round-robin"
+    assert record["chunks"] == list(case.chunks) and len(case.chunks) == 10
+    assert summary["orders"] == 1 and summary["points"] == 10
+    assert grid_cases(3) == grid_cases(3) and grid_cases(3)[0] == case
+    assert grid_cases(3, seed=8) != grid_cases(3)
+
+
 def test_rounds_benchmark_below_vllm_compares_split_with_the_better_peer() -> None:
     from kvoffload.bench.rounds import below_vllm
 
@@ -266,3 +283,12 @@ def test_rounds_benchmark_refuses_a_bad_order(
         bench_main(["rounds", "--order", order])
     assert exc.value.code == 2
     assert order in capsys.readouterr().err
+
+
+def test_rounds_benchmark_refuses_a_negative_grid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["rounds", "--grid", "-1"])
+    assert exc.value.code == 2
+    assert "--grid" in capsys.readouterr().err

@@ -14,11 +14,14 @@ with LRU at 20 chunks). Prints later-turn hit tokens per host size and, with
 vLLM, the points where a kvoffload policy gets fewer than vLLM's same policy
 (`split`: fewer than the better of vLLM's two). `--order` may be given more than
 once, and `random:A-B` runs every seed from A to B: the totals then cover every
-order, which is how an interleaving the fixed sweep lacks shows up.
+order, which is how an interleaving the fixed sweep lacks shows up. `--grid N`
+runs N round-robin configurations of the sizes the peer tool takes instead
+(`rounds_grid.py`), each at ten host sizes.
 
     python -m kvoffload.bench rounds [--order ORDER ...] [--system-tokens N]
         [--conversations N] [--turns N] [--first-tokens N] [--message-tokens N]
         [--answer-tokens N] [--device-blocks N] [--chunks N ...] [--json]
+        [--grid N [--grid-seed S]]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvoffload.bench.rounds_grid import grid_cases
 from kvoffload.engine_model import BlockPool
 from kvoffload.replay.chat_rounds import ChatRounds, Turn, run_chat_rounds, turn_order
 
@@ -142,7 +146,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device-blocks", type=int, default=DEVICE_BLOCKS)
     parser.add_argument("--chunks", type=int, nargs="+", default=list(DEFAULT_CHUNKS))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--grid",
+        type=int,
+        default=0,
+        help="run N round-robin configurations of the sizes peer_vllm takes "
+        "(rounds_grid.py) instead of the sizes and orders given",
+    )
+    parser.add_argument("--grid-seed", type=int, default=7)
     args = parser.parse_args(argv)
+    if args.grid < 0:
+        parser.error(f"--grid: {args.grid} must be >= 0")
     try:
         args.order = expand_orders(args.order or ["round-robin"])
         for order in args.order:
@@ -186,34 +200,53 @@ def run_order(
     return rows
 
 
+def cases(args: argparse.Namespace) -> list[tuple[str, argparse.Namespace, str]]:
+    """(label, sizes, order) of each run: every order at the given sizes, or the
+    `--grid` configurations in round-robin order."""
+    if not args.grid:
+        return [(order, args, order) for order in args.order]
+    out = []
+    for case in grid_cases(args.grid, args.grid_seed):
+        sizes = argparse.Namespace(**vars(args))
+        for name in ("conversations", "turns", "first_tokens", "message_tokens"):
+            setattr(sizes, name, getattr(case, name))
+        sizes.device_blocks = case.device_blocks
+        sizes.chunks = list(case.chunks)
+        out.append((case.label(), sizes, "round-robin"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    orders = args.order
+    runs = cases(args)
     native = vllm_rounds()  # vLLM is imported once, whatever the number of orders
     totals: dict[str, int] = {}
     below: dict[str, int] = {}
-    for order in orders:
-        rows = run_order(args, order, native)
+    points = 0
+    for label, sizes, order in runs:
+        rows = run_order(sizes, order, native)
+        points += len(sizes.chunks)
         for name, values in rows.items():
             totals[name] = totals.get(name, 0) + sum(values)
         for policy, where in below_vllm(rows).items():
             below[policy] = below.get(policy, 0) + len(where)
         if args.json:
-            record = {"order": order, "chunks": args.chunks}
+            record: dict[str, Any] = {"order": order, "chunks": sizes.chunks}
+            if args.grid:
+                record["sizes"] = label
             print(json.dumps({**record, "later_turn_hit_tokens": rows}))
             continue
-        print(f"order {order}")
+        print(f"order {label}")
         print(
             f"{'host chunks':<15}"
-            + "".join(f"{n:>8}" for n in args.chunks)
+            + "".join(f"{n:>8}" for n in sizes.chunks)
             + "     sum"
         )
         for name, values in rows.items():
             print(
                 f"{name:<15}" + "".join(f"{v:>8}" for v in values) + f"{sum(values):>8}"
             )
-    points = len(orders) * len(args.chunks)
-    summary = {"orders": len(orders), "points": points, "below_vllm": below}
+    summary = {"orders": len(runs), "points": points, "below_vllm": below}
     if args.json:
         print(json.dumps({**summary, "sums": totals}))
     elif below:
