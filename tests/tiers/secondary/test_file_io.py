@@ -16,6 +16,7 @@ from kvoffload.tiers.secondary import (
     FileTier,
     FileTierConfig,
     codec,
+    file_direct,
     file_io,
 )
 from kvoffload.tiers.secondary.file_io import (
@@ -244,12 +245,12 @@ def test_file_system_type_is_that_of_the_longest_mount_holding_the_path(
         "tmpfs /mnt/my\\040cache tmpfs rw 0 0\n"
         "nfs:/x /mnt/my\\040cache/nfs nfs4 rw 0 0\n"
     )
-    monkeypatch.setattr(file_io, "_MOUNTS", str(mounts))
+    monkeypatch.setattr(file_direct, "_MOUNTS", str(mounts))
     assert file_io.file_system_type("/dev/shm/kv") == "tmpfs"
     assert file_io.file_system_type("/dev/shmem") == "ext4"
     assert file_io.file_system_type("/mnt/my cache/a") == "tmpfs"
     assert file_io.file_system_type("/mnt/my cache/nfs/a/b") == "nfs4"
-    monkeypatch.setattr(file_io, "_MOUNTS", str(tmp_path / "absent"))
+    monkeypatch.setattr(file_direct, "_MOUNTS", str(tmp_path / "absent"))
     assert file_io.file_system_type("/dev/shm") is None
 
 

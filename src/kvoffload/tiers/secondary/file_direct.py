@@ -3,7 +3,8 @@ off, page-aligned header buffers, and whole-file vectored reads and writes.
 
 A chunk file's payload starts at the header rounded up to 4 KiB (`payload_offset`),
 so that an aligned payload moves with `O_DIRECT` straight between the host slot
-and the disk; `ChunkFiles` (`file_io`) decides when it does.
+and the disk; `ChunkFiles` (`file_io`) decides when it does (never on a file
+system in memory, `file_system_type`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,31 @@ ALIGN = 4096
 """Payload offset, and the alignment direct I/O needs of lengths and addresses."""
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 """The open flag, or 0 where the platform has none (direct I/O is then off)."""
+
+
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
+"""File systems in memory: no disk for direct I/O to bypass the page cache for."""
+_MOUNTS = "/proc/self/mounts"
+
+
+def file_system_type(path: str) -> str | None:
+    """The type of the file system holding `path` (from `/proc/self/mounts`),
+    or `None` where that cannot be told."""
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    try:
+        with open(_MOUNTS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, fields[2]
+    except OSError:
+        return None
+    return fstype
 
 
 def payload_offset(key_len: int, fingerprint: str) -> int:

@@ -48,8 +48,10 @@ from kvoffload.tiers.secondary.file_access import (
 )
 from kvoffload.tiers.secondary.file_direct import ALIGN as ALIGN
 from kvoffload.tiers.secondary.file_direct import (
+    MEMORY_FILE_SYSTEMS,
     O_DIRECT,
     HeaderPages,
+    file_system_type,
     is_aligned,
     set_direct,
 )
@@ -73,29 +75,6 @@ from kvoffload.tiers.secondary.file_scan import (
 )
 
 logger = logging.getLogger(__name__)
-
-_MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
-_MOUNTS = "/proc/self/mounts"
-
-
-def file_system_type(path: str) -> str | None:
-    """The type of the file system holding `path` (from `/proc/self/mounts`),
-    or `None` where that cannot be told."""
-    target = os.path.realpath(path)
-    best, fstype = "", None
-    try:
-        with open(_MOUNTS, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, fstype = mount, fields[2]
-    except OSError:
-        return None
-    return fstype
 
 
 class ChunkFiles:
@@ -139,7 +118,7 @@ class ChunkFiles:
         self._direct = (
             direct
             and bool(O_DIRECT)
-            and file_system_type(self.directory) not in _MEMORY_FILE_SYSTEMS
+            and file_system_type(self.directory) not in MEMORY_FILE_SYSTEMS
         )
         self._pages = HeaderPages()
         ledger = open_ledger(self.directory, capacity, file_mode, self._directory_mode)
