@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from kvoffload.connector.request_state import RequestState
 from kvoffload.keys import OffloadKey
 
 MAX_PENDING = 4096
@@ -90,6 +91,27 @@ class HeadBets:
             else:
                 self._head = self._head * DECAY + 1.0
                 self._tail *= DECAY
+
+    def note_request_finished(self, state: RequestState) -> None:
+        """`note_finished` for a finished request (its keys refreshed), by its
+        first group, if it loaded a head."""
+        if state.hit_tokens > state.engine_hit_tokens and state.groups:
+            group = state.groups[0]
+            per = group.tokens_per_chunk
+            head, prompt = (
+                state.hit_tokens // per,
+                state.request.num_prompt_tokens // per,
+            )
+            self.note_finished(group.keys, head, prompt)
+
+    def note_request_scheduled(self, state: RequestState) -> None:
+        """`note_lookup` for a request at its first schedule (its keys
+        refreshed, its engine hit set), by its first group."""
+        if state.groups:
+            group = state.groups[0]
+            self.note_lookup(
+                group.keys, state.engine_hit_tokens // group.tokens_per_chunk
+            )
 
     def tail_first(self) -> bool:
         """Whether a store may now evict its request's loaded head."""

@@ -166,7 +166,9 @@ class OffloadConnector:
         if first_schedule:
             state.cursors_started = True
             state.engine_hit_tokens = num_computed_tokens
-            self._score_heads(state)
+            if self.config.engine_prefix_caching:  # the engine may keep heads
+                state.refresh_keys()
+                self._bets.note_request_scheduled(state)
             # Past the loaded chunks only once they land: if the load fails, the
             # request computes them, and they are its own to store.
             state.pass_hit(num_computed_tokens)
@@ -267,32 +269,11 @@ class OffloadConnector:
         self._held.drop(request_id)
         self._touch_prefix(state)
         state.refresh_keys()
-        self._note_head(state)
+        if self.config.engine_prefix_caching:
+            self._bets.note_request_finished(state)
         self._unoffered.note_finished(state)
         if not state.has_jobs():
             self._drop(state)
-
-    def _score_heads(self, state: RequestState) -> None:
-        """At first schedule: which answer the engine's hit favours for the
-        loaded heads this request shares (`head_bets`)."""
-        if self.config.engine_prefix_caching and state.groups:
-            state.refresh_keys()
-            group = state.groups[0]
-            hit = state.engine_hit_tokens // group.tokens_per_chunk
-            self._bets.note_lookup(group.keys, hit)
-
-    def _note_head(self, state: RequestState) -> None:
-        """A request that loaded its head finished: its conversation's return
-        will score it (`head_bets`)."""
-        loaded = state.hit_tokens > state.engine_hit_tokens
-        if self.config.engine_prefix_caching and loaded and state.groups:
-            group = state.groups[0]
-            per = group.tokens_per_chunk
-            self._bets.note_finished(
-                group.keys,
-                state.hit_tokens // per,
-                state.request.num_prompt_tokens // per,
-            )
 
     def _drop(self, state: RequestState) -> None:
         """A finished request's last job has completed (SPEC §3.4: the manager
