@@ -142,6 +142,12 @@ def test_the_chunk_where_a_prompt_ended_is_stored_by_the_next_turn() -> None:
     assert _run(connector, "B", C, [1, 2, 3, 4], engine_hit=8) == 2
     assert all(manager.holds(k) for k in (c0, c1, c2))
     assert connector.get_stats().store_skipped == 0
+    # Once stored, a gap there is one the tier made: D (the same conversation
+    # again, after the tier lost all but c0) bets on the engine and skips.
+    manager.reset_cache()
+    assert _run(connector, "X", C[:4], [1]) == 1
+    assert _run(connector, "D", C, [1, 2, 5, 6], engine_hit=8) == 0
+    assert not manager.holds(c2)
 
 
 def test_a_gap_the_tier_made_is_not_filled_from_the_engine() -> None:

@@ -91,6 +91,8 @@ class StorePlanner:
         if not prepared.keys_to_store:
             return None
         state.stored.update(prepared.keys_to_store)
+        if len(self._unoffered):
+            self._unoffered.discard(prepared.keys_to_store)
         if self._config.engine_prefix_caching:
             # The new chunks are used now, head last (their hit prefix waits for
             # the engine to let go of it; without a prefix cache the prompt's

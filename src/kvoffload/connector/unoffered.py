@@ -19,6 +19,7 @@ Memory is bounded: at most `MAX_REMEMBERED` keys, the oldest forgotten first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from kvoffload.connector.request_state import RequestState
 from kvoffload.keys import OffloadKey
@@ -51,6 +52,12 @@ class UnofferedChunks:
                 keys.move_to_end(key)
         while len(keys) > MAX_REMEMBERED:
             keys.popitem(last=False)
+
+    def discard(self, keys: Iterable[OffloadKey]) -> None:
+        """`keys` were stored: a gap there from now on is one the tier made."""
+        pop = self._keys.pop
+        for key in keys:
+            pop(key, None)
 
     def clear(self) -> None:
         self._keys.clear()
