@@ -95,7 +95,7 @@ class HeadBets:
     def note_request_finished(self, state: RequestState) -> None:
         """`note_finished` for a finished request (its keys refreshed), by its
         first group, if it loaded a head."""
-        if state.hit_tokens > state.engine_hit_tokens and state.groups:
+        if state.loaded_from_tiers and state.groups:
             group = state.groups[0]
             per = group.tokens_per_chunk
             head, prompt = (

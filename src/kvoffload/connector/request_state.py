@@ -166,6 +166,11 @@ class RequestState:
                 chunks = hit_tokens // group.tokens_per_chunk
                 group.store_cursor = max(group.store_cursor, chunks)
 
+    @property
+    def loaded_from_tiers(self) -> bool:
+        """Its first schedule's load landed: it started past the engine's hit."""
+        return self.hit_tokens > self.engine_hit_tokens
+
     def has_jobs(self) -> bool:
         return self.jobs_in_flight > 0
 

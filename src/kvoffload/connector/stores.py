@@ -62,7 +62,7 @@ class StorePlanner:
         # Over its own loaded head only while the engine is seen to keep such
         # heads until their conversations return (`head_bets`).
         offer = [*prefix, *(g.keys[c] for g, c in chunks)]
-        if state.hit_tokens > state.engine_hit_tokens and self._bets.tail_first():
+        if state.loaded_from_tiers and self._bets.tail_first():
             prepared = self._manager.prepare_store(offer, state.ctx, keep_loaded=False)
         else:
             prepared = self._manager.prepare_store(offer, state.ctx)
@@ -91,8 +91,7 @@ class StorePlanner:
         if not prepared.keys_to_store:
             return None
         state.stored.update(prepared.keys_to_store)
-        if len(self._unoffered):
-            self._unoffered.discard(prepared.keys_to_store)
+        self._unoffered.discard(prepared.keys_to_store)
         if self._config.engine_prefix_caching:
             # The new chunks are used now, head last (their hit prefix waits for
             # the engine to let go of it; without a prefix cache the prompt's

@@ -38,9 +38,6 @@ class UnofferedChunks:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
     def note_finished(self, state: RequestState) -> None:
         """Remember the whole chunks of `state` (its keys refreshed) past its
         store limit: its stores never offered them."""
