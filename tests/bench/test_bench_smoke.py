@@ -292,3 +292,32 @@ def test_rounds_benchmark_refuses_a_negative_grid(
         bench_main(["rounds", "--grid", "-1"])
     assert exc.value.code == 2
     assert "--grid" in capsys.readouterr().err
+
+
+def test_rounds_grid_draws_for_the_answer_length_given() -> None:
+    """Longer answers make longer prompts: every configuration drawn for them
+    still fits the device with its last answer, as vLLM's max_model_len needs,
+    and the default draws the documented grids."""
+    from kvoffload.bench.rounds_grid import ANSWER_TOKENS, BLOCK_TOKENS, grid_cases
+    from kvoffload.replay.chat_rounds import ChatRounds
+
+    assert grid_cases(5, answer_tokens=ANSWER_TOKENS) == grid_cases(5)
+    for case in grid_cases(20, seed=9, answer_tokens=200):
+        rounds = ChatRounds(
+            conversations=case.conversations,
+            turns=case.turns,
+            first_tokens=case.first_tokens,
+            message_tokens=case.message_tokens,
+            answer_tokens=200,
+        )
+        longest = max(t.prompt_tokens + t.answer_tokens for t in rounds.requests())
+        assert longest <= case.device_blocks * BLOCK_TOKENS
+
+
+def test_rounds_benchmark_refuses_answers_no_grid_fits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["rounds", "--grid", "2", "--answer-tokens", "5000"])
+    assert exc.value.code == 2
+    assert "5000" in capsys.readouterr().err

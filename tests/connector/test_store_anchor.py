@@ -118,6 +118,20 @@ def test_a_tier_stack_does_not_call_a_chunk_host_memory_lacks_a_gap() -> None:
     assert primary.holds(c2)
 
 
+def _answer_fills_second_chunk(connector: OffloadConnector) -> None:
+    """A: 6 prompt tokens, stored (its first chunk), then 2 of its answer, which
+    fill its second chunk in the engine (prompt-only stores never offer it)."""
+    a = SimRequest("A", 0.0, 6, 2, HASHER.hash_blocks(C[:8]), 4)
+    connector.on_new_request(a)
+    assert connector.get_num_new_matched_tokens(a, 0) == 0
+    connector.update_state_after_alloc("A", [[1, 2]], 0, 0)
+    plan = connector.build_step([ScheduledRequest("A", 0, 6, ((1, 2),), True)])
+    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
+    a.num_output = 2
+    connector.build_step([ScheduledRequest("A", 6, 1, (), False)])
+    connector.request_finished("A")
+
+
 def test_the_chunk_where_a_prompt_ended_is_stored_by_the_next_turn() -> None:
     """Scenario: A's prompt is 6 tokens; its answer fills its second chunk in
     the engine, which the tier never sees (prompt-only stores). B continues the
@@ -127,16 +141,7 @@ def test_the_chunk_where_a_prompt_ended_is_stored_by_the_next_turn() -> None:
     Before, B skipped its third as behind a gap, and every later turn of the
     conversation did the same: the tier held its first chunk and nothing more."""
     connector, manager = _setup(8)
-    a_tokens = C[:8]  # 6 prompt tokens, then 2 of the answer
-    a = SimRequest("A", 0.0, 6, 2, HASHER.hash_blocks(a_tokens), 4)
-    connector.on_new_request(a)
-    assert connector.get_num_new_matched_tokens(a, 0) == 0
-    connector.update_state_after_alloc("A", [[1, 2]], 0, 0)
-    plan = connector.build_step([ScheduledRequest("A", 0, 6, ((1, 2),), True)])
-    connector.on_job_results([JobResult(job.job_id, True) for job in plan.stores])
-    a.num_output = 2
-    connector.build_step([ScheduledRequest("A", 6, 1, (), False)])
-    connector.request_finished("A")
+    _answer_fills_second_chunk(connector)
     c0, c1, c2 = _keys(C)
     assert manager.holds(c0) and not manager.holds(c1)
     assert _run(connector, "B", C, [1, 2, 3, 4], engine_hit=8) == 2
@@ -148,6 +153,23 @@ def test_the_chunk_where_a_prompt_ended_is_stored_by_the_next_turn() -> None:
     assert _run(connector, "X", C[:4], [1]) == 1
     assert _run(connector, "D", C, [1, 2, 5, 6], engine_hit=8) == 0
     assert not manager.holds(c2)
+
+
+def test_a_turn_the_engine_serves_whole_stores_the_chunk_never_offered() -> None:
+    """Scenario: as above, but B's prompt ends inside its third chunk, so the
+    engine's hit (A's two chunks) is all of B's whole chunks: B has nothing new
+    to store, yet it holds A's second chunk, which the tier never had, in its
+    engine blocks, and stores it. Before, nothing stored it until a turn with
+    new chunks came, and a turn that lost it from the engine before then
+    recomputed it (vLLM's connector, which stores every block of a prompt, had
+    it)."""
+    connector, manager = _setup(8)
+    _answer_fills_second_chunk(connector)
+    c0, c1, _ = _keys(C)
+    assert manager.holds(c0) and not manager.holds(c1)
+    assert _run(connector, "B", C[:10], [1, 2, 3], engine_hit=8) == 1
+    assert manager.holds(c1)
+    assert _run(connector, "D", C[:10], [1, 2, 4], engine_hit=8) == 0  # once
 
 
 def test_a_gap_the_tier_made_is_not_filled_from_the_engine() -> None:

@@ -31,7 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvoffload.bench.rounds_grid import grid_cases
+from kvoffload.bench.rounds_grid import ANSWER_TOKENS, grid_cases
 from kvoffload.engine_model import BlockPool
 from kvoffload.replay.chat_rounds import ChatRounds, Turn, run_chat_rounds, turn_order
 
@@ -157,6 +157,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.grid < 0:
         parser.error(f"--grid: {args.grid} must be >= 0")
+    if args.grid:
+        try:
+            grid_cases(args.grid, args.grid_seed, args.answer_tokens)
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         args.order = expand_orders(args.order or ["round-robin"])
         for order in args.order:
@@ -206,13 +211,16 @@ def cases(args: argparse.Namespace) -> list[tuple[str, argparse.Namespace, str]]
     if not args.grid:
         return [(order, args, order) for order in args.order]
     out = []
-    for case in grid_cases(args.grid, args.grid_seed):
+    for case in grid_cases(args.grid, args.grid_seed, args.answer_tokens):
         sizes = argparse.Namespace(**vars(args))
         for name in ("conversations", "turns", "first_tokens", "message_tokens"):
             setattr(sizes, name, getattr(case, name))
         sizes.device_blocks = case.device_blocks
         sizes.chunks = list(case.chunks)
-        out.append((case.label(), sizes, "round-robin"))
+        label = case.label()
+        if args.answer_tokens != ANSWER_TOKENS:
+            label += f" --answer-tokens {args.answer_tokens}"
+        out.append((label, sizes, "round-robin"))
     return out
 
 

@@ -38,23 +38,33 @@ class GridCase:
         )
 
 
-def grid_cases(n: int, seed: int = 7) -> list[GridCase]:
-    """`n` configurations drawn from `seed` (the same list for the same pair)."""
+def grid_cases(
+    n: int, seed: int = 7, answer_tokens: int = ANSWER_TOKENS
+) -> list[GridCase]:
+    """`n` configurations drawn from `seed` (the same list for the same pair),
+    for answers of `answer_tokens` (the default draws the documented grids)."""
     rng = random.Random(seed)
     cases: list[GridCase] = []
-    while len(cases) < n:
+    for _ in range(1000 * max(n, 1)):
+        if len(cases) >= n:
+            break
         conversations = rng.choice([2, 3, 4, 5, 6, 8])
         turns = rng.choice([3, 4, 5, 6])
         first = rng.choice([256, 384, 512, 768, 1024, 1280])
         message = rng.choice([48, 96, 200])
         device = rng.choice([8, 12, 16, 24, 32])
-        step = message + FRAMING_TOKENS + ANSWER_TOKENS
+        step = message + FRAMING_TOKENS + answer_tokens
         last = first + FRAMING_TOKENS + (turns - 1) * step
-        if last + ANSWER_TOKENS > device * BLOCK_TOKENS:
+        if last + answer_tokens > device * BLOCK_TOKENS:
             continue
         round_chunks = conversations * (last // BLOCK_TOKENS)
         sizes = sorted({max(1, round(round_chunks * f / 10)) for f in range(1, 11)})
         cases.append(
             GridCase(conversations, turns, first, message, device, tuple(sizes))
+        )
+    if len(cases) < n:
+        raise ValueError(
+            f"--grid: too few configurations fit the device with answers of "
+            f"{answer_tokens} tokens"
         )
     return cases

@@ -123,7 +123,8 @@ def anchor_store(
     a run of chunks the tier never had because an earlier request held them
     past its store limit (`unoffered`: the chunk where its prompt ended and
     its answer began): the request has them in its engine blocks and stores
-    them with its own (`connector.unoffered`).
+    them with its own (`connector.unoffered`), or alone when it has none (the
+    engine served all its whole chunks).
 
     The chunks of the engine's hit that the tier holds right before a group's
     first stored one are its prefix in the tier: offered with the store, they
@@ -138,7 +139,19 @@ def anchor_store(
     for group in state.groups:
         mine = [(g, c) for g, c in chunks if g is group]
         if not mine:
-            continue
+            # Nothing new (the engine served the whole prompt): the chunks the
+            # tier never had right before the cursor are still worth storing.
+            cursor = min(
+                group.store_cursor,
+                len(group.keys),
+                len(group.block_ids) // group.blocks_per_chunk,
+            )
+            if cursor <= 0 or group.keys[cursor - 1] not in unoffered:
+                continue
+            filled = _never_offered(manager, group, cursor, unoffered, gone)
+            if not filled:
+                continue
+            mine = [(group, c) for c in filled]
         first = mine[0][1]
         if first == 0:
             kept.extend(mine)

@@ -11,7 +11,9 @@ up to the chunk that was never offered, and none after it. That is not the gap
 had, `transfers.anchor_store`): nothing was given up, and the turn has the
 chunk in its engine blocks. The connector remembers such chunks, so the turn
 stores them with its own and its new chunks are reachable from the prompt's
-start.
+start; a turn with no new whole chunk (the engine served them all) stores them
+alone, so that a turn which finds them gone from the engine loads them (answers
+of a chunk or more leave one such chunk per turn).
 
 Memory is bounded: at most `MAX_REMEMBERED` keys, the oldest forgotten first.
 """
