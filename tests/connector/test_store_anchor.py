@@ -44,10 +44,13 @@ def _run(
     tokens: list[int],
     blocks: list[int],
     engine_hit: int = 0,
+    params: dict[str, object] | None = None,
 ) -> int:
     """The request's prompt past its engine hit runs in one step; its stores
     land and it finishes. Returns the chunks it stored."""
-    req = SimRequest(req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4)
+    req = SimRequest(
+        req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4, params
+    )
     connector.on_new_request(req)
     assert connector.get_num_new_matched_tokens(req, engine_hit) == 0
     connector.update_state_after_alloc(req_id, [blocks], engine_hit, 0)
@@ -167,6 +170,10 @@ def test_a_turn_the_engine_serves_whole_stores_the_chunk_never_offered() -> None
     _answer_fills_second_chunk(connector)
     c0, c1, _ = _keys(C)
     assert manager.holds(c0) and not manager.holds(c1)
+    # A request that may store nothing stores none of them either.
+    capped = {"max_offload_tokens": 4}
+    assert _run(connector, "B0", C[:10], [1, 2, 3], 8, capped) == 0
+    assert not manager.holds(c1)
     assert _run(connector, "B", C[:10], [1, 2, 3], engine_hit=8) == 1
     assert manager.holds(c1)
     assert _run(connector, "D", C[:10], [1, 2, 4], engine_hit=8) == 0  # once

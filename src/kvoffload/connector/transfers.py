@@ -143,6 +143,7 @@ def anchor_store(
             # tier never had right before the cursor are still worth storing.
             cursor = min(
                 group.store_cursor,
+                state.store_limit // group.tokens_per_chunk,
                 len(group.keys),
                 len(group.block_ids) // group.blocks_per_chunk,
             )
