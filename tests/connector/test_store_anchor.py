@@ -48,9 +48,7 @@ def _run(
 ) -> int:
     """The request's prompt past its engine hit runs in one step; its stores
     land and it finishes. Returns the chunks it stored."""
-    req = SimRequest(
-        req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4, params
-    )
+    req = SimRequest(req_id, 0.0, len(tokens), 1, HASHER.hash_blocks(tokens), 4, params)
     connector.on_new_request(req)
     assert connector.get_num_new_matched_tokens(req, engine_hit) == 0
     connector.update_state_after_alloc(req_id, [blocks], engine_hit, 0)
