@@ -168,7 +168,7 @@ def test_a_turn_the_engine_serves_whole_stores_the_chunk_never_offered() -> None
     _answer_fills_second_chunk(connector)
     c0, c1, _ = _keys(C)
     assert manager.holds(c0) and not manager.holds(c1)
-    # A request that may store nothing stores none of them either.
+    # A request capped before that chunk (its first chunk only) leaves it.
     capped = {"max_offload_tokens": 4}
     assert _run(connector, "B0", C[:10], [1, 2, 3], 8, capped) == 0
     assert not manager.holds(c1)
