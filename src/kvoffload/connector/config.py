@@ -79,6 +79,9 @@ class ConnectorConfig:
     - `null_block_id`: an engine block id that holds no data (vLLM's block 0,
       which sliding-window groups use for blocks outside the window). Nothing is
       stored from it or loaded into it.
+    - `engine_blocks`: the engine prefix cache's size in blocks of the first
+      group, if known. With `engine_prefix_caching`, a host tier that holds
+      more chunks keeps whole chains (`tiers.primary.chains`).
     """
 
     groups: tuple[GroupSpec, ...]
@@ -88,6 +91,7 @@ class ConnectorConfig:
     world_size: int = 1
     engine_prefix_caching: bool = True
     null_block_id: int | None = None
+    engine_blocks: int | None = None
 
     def __post_init__(self) -> None:
         self._check_groups()
@@ -131,6 +135,12 @@ class ConnectorConfig:
             raise ValueError(
                 "null_block_id must be an int >= 0 (up to 2**63 - 1) or None, got "
                 f"{shown(null)}"
+            )
+        blocks = self.engine_blocks
+        if blocks is not None and not is_count(blocks, 1):
+            raise ValueError(
+                "engine_blocks must be an int >= 1 (up to 2**63 - 1) or None, got "
+                f"{shown(blocks)}"
             )
 
     def _check_groups(self) -> None:

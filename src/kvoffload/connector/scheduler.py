@@ -79,6 +79,10 @@ class OffloadConnector:
     ) -> None:
         self.config = config
         self.manager = manager
+        if config.engine_prefix_caching and config.engine_blocks is not None:
+            manager.keep_chains(
+                config.engine_blocks // config.groups[0].blocks_per_chunk
+            )
         # Tiers are fixed at start-up: what requests may name in kv_*_tiers.
         self._tier_names = manager.tier_names()
         # Keys being loaded into the engine, with the number of loads carrying them.

@@ -24,6 +24,9 @@ from kvoffload.policies.base import (
 class ARCPolicy(EvictionPolicy):
     """Textbook ARC mapped onto batch inserts; pinned chunks are skipped."""
 
+    # Its touch moves a request's chunks head last within T1 and T2 alike.
+    chains_drain_from_tail = True
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._t1: OrderedDict[OffloadKey, None] = OrderedDict()

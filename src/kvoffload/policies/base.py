@@ -111,6 +111,11 @@ class EvictionPolicy(ABC):
     """
 
     name: ClassVar[str] = ""
+    chains_drain_from_tail: ClassVar[bool] = False
+    """Whether the policy gives up a request's chunks tail first (its touch
+    leaves the head most recent, and its order follows recency), so that a
+    tier keeping whole chains (`tiers.primary.chains`) finds chain ends among
+    its first candidates."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

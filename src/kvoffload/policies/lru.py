@@ -18,6 +18,8 @@ from kvoffload.policies.base import (
 class LRUPolicy(EvictionPolicy):
     """Evicts the chunk used longest ago; a request's head ends most recent."""
 
+    chains_drain_from_tail = True
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._order: OrderedDict[OffloadKey, None] = OrderedDict()

@@ -164,7 +164,9 @@ def run_chat_rounds(
     clock = SimClock()
     manager = CPUOffloadingManager(capacity_chunks, policy)
     connector = OffloadConnector(
-        ConnectorConfig((GroupSpec(block, 1),), hash_block_tokens=block),
+        ConnectorConfig(
+            (GroupSpec(block, 1),), hash_block_tokens=block, engine_blocks=device_blocks
+        ),
         manager,
         clock=clock,
     )

@@ -118,6 +118,7 @@ class EngineStack:
                 offload_prompt_only=settings.offload_prompt_only,
                 max_defer_s=settings.max_defer_s,
                 engine_prefix_caching=settings.device_tokens > 0,
+                engine_blocks=settings.device_tokens // block_tokens or None,
             ),
             manager,
             clock=self.clock,

@@ -341,6 +341,10 @@ class TieringManager(OffloadingManager):
                 self._hit_tokens[tier] += n
         self.primary.on_load_planned(primary, ctx)
 
+    def keep_chains(self, engine_chunks: int) -> bool:
+        """Host memory's (the secondary tiers keep what it demotes)."""
+        return self.primary.keep_chains(engine_chunks)
+
     def holds(self, key: OffloadKey) -> bool | None:
         """Held by host memory; otherwise `None` when there are secondary tiers
         (a lookup might promote it from one), `False` when there are none."""

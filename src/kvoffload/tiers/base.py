@@ -227,6 +227,15 @@ class OffloadingManager(ABC):
         when a key is not readable (`HIT`) any more; the caller fails that load.
         """
 
+    def keep_chains(self, engine_chunks: int) -> bool:
+        """Keep whole chains (`tiers.primary.chains`) if this manager's host pool
+        holds more than `engine_chunks`, the engine prefix cache's size in
+        chunks; whether it now does. The connector calls it once, at start-up,
+        when the engine has a prefix cache. Managers that cannot keep chains
+        say `False`."""
+        del engine_chunks
+        return False
+
     def holds(self, key: OffloadKey) -> bool | None:
         """Whether `key` is present where `prepare_store` allocates (readable or
         being written: a store offering it leaves it out), without I/O, nothing

@@ -118,6 +118,8 @@ class SchedulerSide:
             # waiting for another request's load of the same chunks gains nothing.
             engine_prefix_caching=shape.prefix_caching,
             null_block_id=VLLM_NULL_BLOCK,
+            # Less the null block, which vLLM never caches a prefix in.
+            engine_blocks=max(1, shape.num_blocks - 1),
         )
         self.connector = OffloadConnector(
             config,

@@ -28,6 +28,7 @@ from kvoffload.tiers.base import (
     RequestOffloadingContext,
     TierStats,
 )
+from kvoffload.tiers.primary.chains import ChainLinks
 from kvoffload.tiers.primary.reuse_filter import ReuseFilter
 
 _NOTHING_TO_STORE = PrepareStoreOutput((), (), ())
@@ -98,6 +99,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._loaded_by_request: dict[str, set[OffloadKey]] = {}
         self._stats = TierStats(capacity=num_chunks)
         self._inserted = 0
+        # With `keep_chains`: which resident chunks others continue.
+        self._chains: ChainLinks | None = None
 
     # -- introspection (no side effects) -----------------------------------------
 
@@ -109,6 +112,21 @@ class CPUOffloadingManager(OffloadingManager):
     def policy(self) -> RetentionPolicy:
         """The eviction policy, with retention hints over the configured one."""
         return self._policy
+
+    def keep_chains(self, engine_chunks: int) -> bool:
+        """See `OffloadingManager.keep_chains`: on when this pool holds more
+        than `engine_chunks` and the policy gives up a chain's tail first (a
+        pool no larger than the engine's cache needs the room its refusals
+        would keep; docs/policies.md, "Whole chains")."""
+        on = (
+            self._num_chunks > engine_chunks
+            and self._policy.inner.chains_drain_from_tail
+        )
+        if not on:
+            self._chains = None
+        elif self._chains is None:
+            self._chains = ChainLinks()
+        return on
 
     def get_slot(self, key: OffloadKey) -> int | None:
         """The slot of a readable chunk, or `None`."""
@@ -281,6 +299,10 @@ class CPUOffloadingManager(OffloadingManager):
             self._stats.store_skipped += len(new)
             return None
         self._free.extend(map(slots.pop, victims))
+        chains = self._chains
+        if chains is not None:
+            chains.unlink(victims)
+            chains.link(keys, set(new))
         new_slots = self._allocate(len(new))
         slots.update(zip(new, new_slots, strict=True))
         self._policy.insert_many(new)
@@ -328,6 +350,26 @@ class CPUOffloadingManager(OffloadingManager):
         return seen
 
     def _evictable(
+        self,
+        keys: Sequence[OffloadKey],
+        protect: Sequence[OffloadKey],
+        ctx: ReqContext | None,
+        keep_loaded: bool = True,
+    ) -> Callable[[OffloadKey], bool]:
+        """`_may_evict`, less the chunks a resident chunk continues while
+        whole chains are kept (`keep_chains`)."""
+        evictable = self._may_evict(keys, protect, ctx, keep_loaded)
+        if self._chains is None:
+            return evictable
+        holds_back = self._chains.holds_back
+
+        def keeping_chains(key: OffloadKey) -> bool:
+            # The request's own chunks stop the scan first (`StopEviction`).
+            return evictable(key) and not holds_back(key)
+
+        return keeping_chains
+
+    def _may_evict(
         self,
         keys: Sequence[OffloadKey],
         protect: Sequence[OffloadKey],
@@ -424,6 +466,8 @@ class CPUOffloadingManager(OffloadingManager):
         for key in keys:
             self._free.append(self._slots.pop(key))
             self._policy.remove(key)
+        if self._chains is not None:
+            self._chains.unlink(keys)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -457,6 +501,8 @@ class CPUOffloadingManager(OffloadingManager):
                 )
         self._policy.clear()
         self._filter.clear()
+        if self._chains is not None:
+            self._chains.clear()
         self._slots.clear()
         self._writing.clear()
         self._pins.clear()
