@@ -67,6 +67,14 @@ class GroupState:
         b = self.blocks_per_chunk
         return self.block_ids[chunk * b : (chunk + 1) * b]
 
+    def whole_chunks(self, num_tokens: int) -> int:
+        """The chunks within the first `num_tokens` that have keys and blocks."""
+        return min(
+            num_tokens // self.tokens_per_chunk,
+            len(self.keys),
+            len(self.block_ids) // self.blocks_per_chunk,
+        )
+
 
 @dataclass
 class RequestState:

@@ -91,9 +91,7 @@ def chunks_to_store(
     gone = {REUSED_BLOCK} if null_block is None else {REUSED_BLOCK, null_block}
     out: list[tuple[GroupState, int]] = []
     for group in state.groups:
-        limit = min(offloadable_tokens // group.tokens_per_chunk, len(group.keys))
-        limit = min(limit, len(group.block_ids) // group.blocks_per_chunk)
-        for c in range(group.store_cursor, limit):
+        for c in range(group.store_cursor, group.whole_chunks(offloadable_tokens)):
             if gone.isdisjoint(group.chunk_blocks(c)):
                 out.append((group, c))
     return out
@@ -141,12 +139,7 @@ def anchor_store(
         if not mine:
             # Nothing new (the engine served the whole prompt): the chunks the
             # tier never had right before the cursor are still worth storing.
-            cursor = min(
-                group.store_cursor,
-                state.store_limit // group.tokens_per_chunk,
-                len(group.keys),
-                len(group.block_ids) // group.blocks_per_chunk,
-            )
+            cursor = min(group.store_cursor, group.whole_chunks(state.store_limit))
             if cursor <= 0 or group.keys[cursor - 1] not in unoffered:
                 continue
             filled = _never_offered(manager, group, cursor, unoffered, gone)
