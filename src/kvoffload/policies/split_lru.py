@@ -130,6 +130,8 @@ class SplitLRUPolicy(EvictionPolicy):
     by at most `c/32` every 4 requests that had near misses (`SplitController`).
     """
 
+    chains_drain_from_tail = True
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         # key -> stamp (last access time and origin, see `ghosts.stamp`)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvoffload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kvoffload.policies.lru import LRUPolicy
 from kvoffload.replay.chat_rounds import ChatRounds, run_chat_rounds
 from kvoffload.tiers.primary.chains import ChainLinks
 
@@ -64,12 +65,19 @@ def test_off_by_default_and_for_a_pool_smaller_than_the_engine_cache() -> None:
         assert out is not None and out.evicted_keys == (k(3) if on else k(1),)
 
 
-def test_only_policies_that_give_up_a_chain_tail_first_keep_chains() -> None:
-    """`split` orders its once-seen chunks head first: the first chain ends
-    it would reach are the newest chunks, so it does not keep chains."""
-    assert CPUOffloadingManager(4, "lru").keep_chains(3)
-    assert CPUOffloadingManager(4, "arc").keep_chains(3)
-    assert not CPUOffloadingManager(4, "split").keep_chains(3)
+def test_only_policies_that_give_up_a_chain_tail_first_keep_chains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A policy whose order is not a chain's tail first would find chain ends
+    only among its newest chunks: it does not keep chains."""
+    for policy in ("lru", "arc", "split"):
+        assert CPUOffloadingManager(4, policy).keep_chains(3)
+    monkeypatch.setattr(LRUPolicy, "chains_drain_from_tail", False)
+    m = CPUOffloadingManager(3, "lru")
+    assert not m.keep_chains(2)
+    stored(m, [1, 2, 3])
+    out = m.prepare_store(keys(7), ReqContext("r"))
+    assert out is not None and out.evicted_keys == (k(1),)  # the head: no chains
 
 
 def test_a_store_that_would_cut_a_chain_is_refused() -> None:
@@ -120,7 +128,7 @@ def test_a_request_s_own_prefix_still_stops_the_scan() -> None:
     assert all(m.holds(key) for key in keys(1, 2, 5))
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "split"])
 def test_conversations_taking_turns_keep_whole_chains_in_front_of_an_engine(
     policy: str,
 ) -> None:
