@@ -141,6 +141,7 @@ def test_random_operations_keep_the_contract(
         return key not in blocked
 
     resident: set[OffloadKey] = set()
+    clock = -1
     for op, i in ops:
         key = k(i)
         if op == "insert" and key not in resident:
@@ -166,6 +167,23 @@ def test_random_operations_keep_the_contract(
             resident.discard(key)
         assert len(policy) == len(resident)
         assert all(r in policy for r in resident)
+        # A clock of uses, where the policy keeps one, only grows; no chunk was
+        # used after it, and a chunk it does not hold has no use.
+        now = policy.use_clock
+        probe = [k(j) for j in range(0, 31, 3)]
+        uses = [policy.last_use(p) for p in probe]
+        assert policy.latest_use(probe) == max(uses)
+        if now is None:
+            assert set(uses) == {-1}
+            continue
+        assert now >= clock
+        clock = now
+        assert all(
+            u == -1 for p, u in zip(probe, uses, strict=True) if p not in resident
+        )
+        assert all(
+            0 <= u <= now for p, u in zip(probe, uses, strict=True) if p in resident
+        )
 
 
 def test_registry_loads_a_policy_from_an_import_path() -> None:

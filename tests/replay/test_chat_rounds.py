@@ -132,3 +132,20 @@ def test_a_round_of_conversations_keeps_the_tier_for_the_next_ones() -> None:
     assert result.per_turn()[4:8] == [768, 768, 768, 256]
     assert result.later_hit_tokens == 7680 == 3 * 20 * 128
     assert result.chunks_stored == 20
+
+
+def test_a_returning_conversation_spares_the_ones_served_after_it() -> None:
+    """Scenario: 6 conversations x 4 turns, 512-token first messages, 48-token
+    messages, an 8-block device cache, a host tier of 29 chunks (vLLM's own
+    connector: 9,728 later-turn tokens with LRU, 9,216 with ARC; real vLLM gives
+    the engine model's figures here). `split` ranks a chunk stored once below
+    every reused chunk: a returning conversation's store took the newest chunk
+    of the conversation served just after it, and each later store the next
+    one's, round the table (9,216). Its stores now spare the chunks used after
+    its own, and `split` keeps what LRU keeps."""
+    rounds = ChatRounds(conversations=6, first_tokens=512, message_tokens=48)
+    got = {
+        policy: run_chat_rounds(rounds, policy, 29, device_blocks=8).later_hit_tokens
+        for policy in ("lru", "split")
+    }
+    assert got["split"] >= got["lru"] >= 9728, got

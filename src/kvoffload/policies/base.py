@@ -164,6 +164,21 @@ class EvictionPolicy(ABC):
     def clear(self) -> None:
         """Forget every chunk and all learned state."""
 
+    def last_use(self, key: OffloadKey) -> int:
+        """When resident `key` was last used, on the policy's clock of uses
+        (`use_clock`); -1 for a key it does not hold or a policy without one."""
+        return -1
+
+    def latest_use(self, keys: Iterable[OffloadKey]) -> int:
+        """The latest `last_use` of `keys`; -1 if none is held."""
+        return max(map(self.last_use, keys), default=-1)
+
+    @property
+    def use_clock(self) -> int | None:
+        """The policy's clock of uses now (it only grows), or `None` for a
+        policy that keeps none: its order alone says what was used when."""
+        return None
+
     def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
         """The subset of new `keys` worth storing (policies that also do admission)."""
         return keys

@@ -31,7 +31,7 @@ one store or touch), each chunk under one run of each kind at most.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence, Set
+from collections.abc import Iterable, Sequence, Set
 from itertools import count, filterfalse
 
 from kvoffload.config import finite_seconds, shown
@@ -148,6 +148,16 @@ class RetentionPolicy(EvictionPolicy):
 
     def admit(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
         return self.inner.admit(keys)
+
+    def last_use(self, key: OffloadKey) -> int:
+        return self.inner.last_use(key)
+
+    def latest_use(self, keys: Iterable[OffloadKey]) -> int:
+        return self.inner.latest_use(keys)
+
+    @property
+    def use_clock(self) -> int | None:
+        return self.inner.use_clock
 
     def clear(self) -> None:
         """Forget every chunk and hint (the counters stay: they only grow)."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence, Set
-from itertools import chain
+from collections.abc import Iterable, Iterator, Sequence, Set
+from itertools import chain, repeat
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import (
@@ -157,6 +157,22 @@ class SplitLRUPolicy(EvictionPolicy):
 
     def __contains__(self, key: object) -> bool:
         return key in self._once or key in self._reused
+
+    def last_use(self, key: OffloadKey) -> int:
+        key_stamp = self._once.get(key) or self._reused.get(key)
+        return -1 if key_stamp is None else key_stamp >> 2
+
+    def latest_use(self, keys: Iterable[OffloadKey]) -> int:
+        # Stamps are the clock shifted past a 2-bit origin: the largest is the
+        # latest use. Found in C.
+        keys = tuple(keys)
+        once = max(map(self._once.get, keys, repeat(0)), default=0)
+        reused = max(map(self._reused.get, keys, repeat(0)), default=0)
+        return max(once, reused) >> 2 if once or reused else -1
+
+    @property
+    def use_clock(self) -> int:
+        return self._now
 
     # -- arrivals ------------------------------------------------------------------
 

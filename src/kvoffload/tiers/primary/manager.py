@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
+from itertools import chain
 
 from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
@@ -32,6 +33,13 @@ from kvoffload.tiers.primary.chains import ChainLinks
 from kvoffload.tiers.primary.reuse_filter import ReuseFilter
 
 _NOTHING_TO_STORE = PrepareStoreOutput((), (), ())
+_FLOOR_REACH = 2
+"""How far back, in capacities of chunk uses on the policy's clock, a
+request's own chunks may have been last used for its stores to spare the
+chunks used since (`_use_floor`): about a round of conversations through the
+tier. Past it the tier would have turned over, and the order of those uses
+says nothing of who returns first (docs/policies.md, "A store spares what
+was used after the request's own chunks")."""
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -49,6 +57,10 @@ class CPUOffloadingManager(OffloadingManager):
     the policy would give up the request's own prefix first, the store is
     refused instead of evicting it (which would strand the new chunks) or
     chunks the policy values more (docs/policies.md, "Inside a real engine").
+    Where the policy keeps a clock of uses (`split`), a store also spares the
+    chunks used after the request's own were (conversations served since it,
+    likely to return before it does again), unless its own are older than
+    about a round through the tier (`_use_floor`).
     A store with `keep_loaded=False` may evict what its request loaded: the
     connector says so when the engine is seen to keep such heads until the
     conversation returns (`connector.head_bets`).
@@ -379,7 +391,9 @@ class CPUOffloadingManager(OffloadingManager):
         """What a store of `keys` may evict: not them, nor `protect`, pinned or
         in-flight chunks; and, for `ctx`'s stores, nothing from the first of its
         own chunks on, in the policy's order (`StopEviction`); the chunks it
-        loaded count as its own only with `keep_loaded`."""
+        loaded count as its own only with `keep_loaded`. Where the policy keeps
+        a clock of uses, nothing used after the chunks it loaded or found here
+        either (`_use_floor`)."""
         protected = set(keys)
         protected.update(protect)
         pins, writing = self._pins, self._writing
@@ -399,13 +413,44 @@ class CPUOffloadingManager(OffloadingManager):
         empty: frozenset[OffloadKey] = frozenset()
         stored_keys, loaded_keys = stored or empty, loaded or empty
         offered_keys = offered or empty
+        floor = self._use_floor(loaded_keys, offered_keys)
 
         def evictable_below_own(key: OffloadKey) -> bool:
             if key in stored_keys or key in loaded_keys or key in offered_keys:
                 raise StopEviction
             return key not in protected and key not in pins and key not in writing
 
-        return evictable_below_own
+        if floor is None:
+            return evictable_below_own
+        last_use = self._policy.last_use
+
+        def used_before_own(key: OffloadKey) -> bool:
+            return evictable_below_own(key) and last_use(key) <= floor
+
+        return used_before_own
+
+    def _use_floor(
+        self, loaded: Set[OffloadKey], offered: Set[OffloadKey]
+    ) -> int | None:
+        """The latest use, on the policy's clock, of the chunks a store's
+        request loaded or found here: its victims must have been used no later
+        (`_may_evict`). `None` for no such limit: a policy without a clock of
+        uses, a request that has no such chunk here, one whose chunks nothing
+        was used after (the usual case without a device cache: the connector
+        touches a load before the store), or one whose chunks were last used
+        more than `_FLOOR_REACH` capacities of uses ago."""
+        policy = self._policy
+        now = policy.use_clock
+        if now is None or not (loaded or offered):
+            return None
+        # The usual case first, in one lookup: a chunk just used (every chunk
+        # a request loaded, once the connector has touched them).
+        if policy.last_use(next(iter(loaded or offered))) >= now:
+            return None
+        floor = policy.latest_use(chain(loaded, offered))
+        if floor < 0 or floor >= now or now - floor > _FLOOR_REACH * self._num_chunks:
+            return None
+        return floor
 
     def _admitted(self, new: list[OffloadKey]) -> list[OffloadKey]:
         """The new keys that pass the reuse filter and the policy's admission.
