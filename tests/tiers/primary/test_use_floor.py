@@ -61,3 +61,33 @@ def test_a_prefix_used_beyond_two_capacities_of_uses_sets_no_floor() -> None:
     ctx = ReqContext("a-turn-3")
     out = m.prepare_store(keys(1, 2), ctx)
     assert out is not None and out.evicted_keys == tuple(keys(11))
+
+
+def test_only_uses_from_before_the_request_arrived_set_a_floor() -> None:
+    """A request that used its prefix after it arrived (a load, touched before
+    its store) sets no floor, even if a batch served others in between: what
+    they used tells nothing of who returns first."""
+    m = CPUOffloadingManager(4, "split")
+    serve(m, [1], "a-turn-1")
+    m.touch(keys(1), ReqContext("a-turn-2"))
+    ctx = ReqContext("a-turn-3")
+    m.on_new_request(ctx)
+    m.touch(keys(1), ctx)
+    for i, name in ((11, "b"), (21, "c"), (31, "d")):
+        serve(m, [i], name)
+    out = m.prepare_store(keys(1, 2), ctx)
+    assert out is not None and out.evicted_keys == tuple(keys(11))
+
+
+def test_a_request_announced_on_arrival_keeps_the_floor_of_its_earlier_turn() -> None:
+    """The same as the first scenario, the request announced before the others
+    were served: the floor is its prefix's use before it arrived."""
+    m = CPUOffloadingManager(4, "split")
+    serve(m, [1], "a-turn-1")
+    m.touch(keys(1), ReqContext("a-turn-2"))
+    ctx = ReqContext("a-turn-3")
+    m.on_new_request(ctx)
+    for i, name in ((11, "b"), (21, "c"), (31, "d")):
+        serve(m, [i], name)
+    assert m.prepare_store(keys(1, 2), ctx) is None
+    m.on_request_finished(ctx)

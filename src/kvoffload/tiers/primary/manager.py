@@ -58,9 +58,10 @@ class CPUOffloadingManager(OffloadingManager):
     refused instead of evicting it (which would strand the new chunks) or
     chunks the policy values more (docs/policies.md, "Inside a real engine").
     Where the policy keeps a clock of uses (`split`), a store also spares the
-    chunks used after the request's own were (conversations served since it,
-    likely to return before it does again), unless its own are older than
-    about a round through the tier (`_use_floor`).
+    chunks used after the request's own were last used before it arrived
+    (conversations served since, likely to return before it does again),
+    unless those uses are older than about a round through the tier
+    (`_use_floor`).
     A store with `keep_loaded=False` may evict what its request loaded: the
     connector says so when the engine is seen to keep such heads until the
     conversation returns (`connector.head_bets`).
@@ -109,6 +110,11 @@ class CPUOffloadingManager(OffloadingManager):
         # Keys each live request loaded: with its stored ones, where its stores'
         # victims must rank below.
         self._loaded_by_request: dict[str, set[OffloadKey]] = {}
+        self._arrived_at: dict[str, int] = {}
+        """The policy's clock of uses when each live request arrived (policies
+        that keep one: `_use_floor`)."""
+        self._inner_policy = self._policy.inner
+        self._has_use_clock = self._inner_policy.use_clock is not None
         self._stats = TierStats(capacity=num_chunks)
         self._inserted = 0
         # With `keep_chains`: which resident chunks others continue.
@@ -413,7 +419,11 @@ class CPUOffloadingManager(OffloadingManager):
         empty: frozenset[OffloadKey] = frozenset()
         stored_keys, loaded_keys = stored or empty, loaded or empty
         offered_keys = offered or empty
-        floor = self._use_floor(loaded_keys, offered_keys)
+        floor = (
+            None
+            if ctx is None
+            else self._use_floor(loaded_keys, offered_keys, ctx.req_id)
+        )
 
         def evictable_below_own(key: OffloadKey) -> bool:
             if key in stored_keys or key in loaded_keys or key in offered_keys:
@@ -430,25 +440,30 @@ class CPUOffloadingManager(OffloadingManager):
         return used_before_own
 
     def _use_floor(
-        self, loaded: Set[OffloadKey], offered: Set[OffloadKey]
+        self, loaded: Set[OffloadKey], offered: Set[OffloadKey], req_id: str
     ) -> int | None:
         """The latest use, on the policy's clock, of the chunks a store's
-        request loaded or found here: its victims must have been used no later
-        (`_may_evict`). `None` for no such limit: a policy without a clock of
-        uses, a request that has no such chunk here, one whose chunks nothing
-        was used after (the usual case without a device cache: the connector
-        touches a load before the store), or one whose chunks were last used
-        more than `_FLOOR_REACH` capacities of uses ago."""
+        request loaded or found here, if it came before the request arrived:
+        its victims must have been used no later (`_may_evict`). `None` for no
+        such limit: a policy without a clock of uses, a request that has no
+        such chunk here, one that used them itself since it arrived (without a
+        device cache the connector touches a load before the store), or one
+        whose chunks were last used more than `_FLOOR_REACH` capacities of uses
+        ago. (A request not announced by `on_new_request` counts as arrived
+        now.)"""
         policy = self._policy
         now = policy.use_clock
         if now is None or not (loaded or offered):
             return None
-        # The usual case first, in one lookup: a chunk just used (every chunk
-        # a request loaded, once the connector has touched them).
-        if policy.last_use(next(iter(loaded or offered))) >= now:
+        # A use stamped after the clock's reading at arrival came after it;
+        # one stamped `now` leaves nothing used since.
+        since = min(self._arrived_at.get(req_id, now) + 1, now)
+        # The usual case first, in one lookup: a chunk the request used itself
+        # (every chunk it loaded, once the connector has touched them).
+        if policy.last_use(next(iter(loaded or offered))) >= since:
             return None
         floor = policy.latest_use(chain(loaded, offered))
-        if floor < 0 or floor >= now or now - floor > _FLOOR_REACH * self._num_chunks:
+        if floor < 0 or floor >= since or now - floor > _FLOOR_REACH * self._num_chunks:
             return None
         return floor
 
@@ -517,11 +532,16 @@ class CPUOffloadingManager(OffloadingManager):
     # -- lifecycle ---------------------------------------------------------------
 
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
+        if self._has_use_clock:
+            clock = self._inner_policy.use_clock
+            if clock is not None:  # (a repeat, after a preemption, keeps the first)
+                self._arrived_at.setdefault(ctx.req_id, clock)
         return RequestOffloadingContext()
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         self._stored_by_request.pop(ctx.req_id, None)
         self._loaded_by_request.pop(ctx.req_id, None)
+        self._arrived_at.pop(ctx.req_id, None)
         self._filter.finish_request(ctx.req_id)
 
     def take_events(self) -> list[OffloadingEvent]:
