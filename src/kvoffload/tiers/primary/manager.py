@@ -446,11 +446,11 @@ class CPUOffloadingManager(OffloadingManager):
         request loaded or found here, if it came before the request arrived:
         its victims must have been used no later (`_may_evict`). `None` for no
         such limit: a policy without a clock of uses, a request that has no
-        such chunk here, one that used them itself since it arrived (without a
-        device cache the connector touches a load before the store), or one
-        whose chunks were last used more than `_FLOOR_REACH` capacities of uses
-        ago. (A request not announced by `on_new_request` counts as arrived
-        now.)"""
+        such chunk here, one whose chunks were used since it arrived (by
+        itself, as a rule: without a device cache the connector touches a load
+        before the store), or one whose chunks were last used more than
+        `_FLOOR_REACH` capacities of uses ago. (A request not announced by
+        `on_new_request` counts as arrived now.)"""
         policy = self._policy
         now = policy.use_clock
         if now is None or not (loaded or offered):
