@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import replace
-from itertools import chain
 
 from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
@@ -31,15 +30,9 @@ from kvoffload.tiers.base import (
 )
 from kvoffload.tiers.primary.chains import ChainLinks
 from kvoffload.tiers.primary.reuse_filter import ReuseFilter
+from kvoffload.tiers.primary.use_floor import UseFloor
 
 _NOTHING_TO_STORE = PrepareStoreOutput((), (), ())
-_FLOOR_REACH = 2
-"""How far back, in capacities of chunk uses on the policy's clock, a
-request's own chunks may have been last used for its stores to spare the
-chunks used since (`_use_floor`): about a round of conversations through the
-tier. Past it the tier would have turned over, and the order of those uses
-says nothing of who returns first (docs/policies.md, "A store spares what
-was used after the request's own chunks")."""
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -61,7 +54,7 @@ class CPUOffloadingManager(OffloadingManager):
     chunks used after the request's own were last used before it arrived
     (conversations served since, likely to return before it does again),
     unless those uses are older than about a round through the tier
-    (`_use_floor`).
+    (`use_floor.UseFloor`).
     A store with `keep_loaded=False` may evict what its request loaded: the
     connector says so when the engine is seen to keep such heads until the
     conversation returns (`connector.head_bets`).
@@ -110,11 +103,7 @@ class CPUOffloadingManager(OffloadingManager):
         # Keys each live request loaded: with its stored ones, where its stores'
         # victims must rank below.
         self._loaded_by_request: dict[str, set[OffloadKey]] = {}
-        self._arrived_at: dict[str, int] = {}
-        """The policy's clock of uses when each live request arrived (policies
-        that keep one: `_use_floor`)."""
-        self._inner_policy = self._policy.inner
-        self._has_use_clock = self._inner_policy.use_clock is not None
+        self._use_floor = UseFloor(self._policy.inner, num_chunks)
         self._stats = TierStats(capacity=num_chunks)
         self._inserted = 0
         # With `keep_chains`: which resident chunks others continue.
@@ -399,7 +388,7 @@ class CPUOffloadingManager(OffloadingManager):
         own chunks on, in the policy's order (`StopEviction`); the chunks it
         loaded count as its own only with `keep_loaded`. Where the policy keeps
         a clock of uses, nothing used after the chunks it loaded or found here
-        either (`_use_floor`)."""
+        either (`UseFloor`)."""
         protected = set(keys)
         protected.update(protect)
         pins, writing = self._pins, self._writing
@@ -422,7 +411,7 @@ class CPUOffloadingManager(OffloadingManager):
         floor = (
             None
             if ctx is None
-            else self._use_floor(loaded_keys, offered_keys, ctx.req_id)
+            else self._use_floor.of(loaded_keys, offered_keys, ctx.req_id)
         )
 
         def evictable_below_own(key: OffloadKey) -> bool:
@@ -438,34 +427,6 @@ class CPUOffloadingManager(OffloadingManager):
             return evictable_below_own(key) and last_use(key) <= floor
 
         return used_before_own
-
-    def _use_floor(
-        self, loaded: Set[OffloadKey], offered: Set[OffloadKey], req_id: str
-    ) -> int | None:
-        """The latest use, on the policy's clock, of the chunks a store's
-        request loaded or found here, if it came before the request arrived:
-        its victims must have been used no later (`_may_evict`). `None` for no
-        such limit: a policy without a clock of uses, a request that has no
-        such chunk here, one whose chunks were used since it arrived (by
-        itself, as a rule: without a device cache the connector touches a load
-        before the store), or one whose chunks were last used more than
-        `_FLOOR_REACH` capacities of uses ago. (A request not announced by
-        `on_new_request` counts as arrived now.)"""
-        policy = self._policy
-        now = policy.use_clock
-        if now is None or not (loaded or offered):
-            return None
-        # A use stamped after the clock's reading at arrival came after it;
-        # one stamped `now` leaves nothing used since.
-        since = min(self._arrived_at.get(req_id, now) + 1, now)
-        # The usual case first, in one lookup: a chunk the request used itself
-        # (every chunk it loaded, once the connector has touched them).
-        if policy.last_use(next(iter(loaded or offered))) >= since:
-            return None
-        floor = policy.latest_use(chain(loaded, offered))
-        if floor < 0 or floor >= since or now - floor > _FLOOR_REACH * self._num_chunks:
-            return None
-        return floor
 
     def _admitted(self, new: list[OffloadKey]) -> list[OffloadKey]:
         """The new keys that pass the reuse filter and the policy's admission.
@@ -532,16 +493,13 @@ class CPUOffloadingManager(OffloadingManager):
     # -- lifecycle ---------------------------------------------------------------
 
     def on_new_request(self, ctx: ReqContext) -> RequestOffloadingContext:
-        if self._has_use_clock:
-            clock = self._inner_policy.use_clock
-            if clock is not None:  # (a repeat, after a preemption, keeps the first)
-                self._arrived_at.setdefault(ctx.req_id, clock)
+        self._use_floor.arrived(ctx.req_id)
         return RequestOffloadingContext()
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         self._stored_by_request.pop(ctx.req_id, None)
         self._loaded_by_request.pop(ctx.req_id, None)
-        self._arrived_at.pop(ctx.req_id, None)
+        self._use_floor.finished(ctx.req_id)
         self._filter.finish_request(ctx.req_id)
 
     def take_events(self) -> list[OffloadingEvent]:
