@@ -12,7 +12,7 @@ import importlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Set
-from itertools import filterfalse, islice
+from itertools import chain, filterfalse, groupby, islice
 from operator import itemgetter
 from typing import ClassVar, TypeVar
 
@@ -36,24 +36,34 @@ class Refusing:
     (`RetentionPolicy`'s hinted chunks): they may fill the front of the wrapped
     policy's order, and every eviction would otherwise ask about each again.
     With a `tally` (an `itertools.count`), each key accepted advances it: the
-    wrapper learns how many were, without a call of its own per key."""
+    wrapper learns how many were, without a call of its own per key. With
+    `watched` (`held`, `passed`), the keys in `held` are refused too, and each
+    one a scan reads past is added to `passed`: the wrapper learns which of the
+    keys it set aside the wrapped policy would have given up (runs of them are
+    skipped in C as well)."""
 
-    __slots__ = ("accept", "refused", "tally")
+    __slots__ = ("accept", "refused", "tally", "watched")
 
     def __init__(
         self,
         refused: Sequence[Container[OffloadKey]],
         accept: Evictable,
         tally: Iterator[int] | None = None,
+        watched: tuple[Container[OffloadKey], set[OffloadKey]] | None = None,
     ):
         self.refused = tuple(refused)
         self.accept = accept
         self.tally = tally
+        self.watched = watched
 
     def __call__(self, key: OffloadKey) -> bool:
         for keys in self.refused:
             if key in keys:
                 return False
+        watched = self.watched
+        if watched is not None and key in watched[0]:
+            watched[1].add(key)
+            return False
         if not self.accept(key):
             return False
         if self.tally is not None:
@@ -70,6 +80,8 @@ def evictable_in(
     if isinstance(evictable, Refusing):
         for refused in evictable.refused:
             keys = filterfalse(refused.__contains__, keys)
+        if evictable.watched is not None:
+            keys = chain.from_iterable(_runs_not_held(keys, *evictable.watched))
         accepted = filter(evictable.accept, keys)
         tally = evictable.tally
         # (`zip` advances the tally only after a key is accepted.)
@@ -79,6 +91,19 @@ def evictable_in(
             else map(itemgetter(0), zip(accepted, tally, strict=False))
         )
     return filter(evictable, keys)
+
+
+def _runs_not_held(
+    keys: Iterable[OffloadKey], held: Container[OffloadKey], passed: set[OffloadKey]
+) -> Iterator[Iterator[OffloadKey]]:
+    """The runs of `keys` not in `held`, lazily; each run of held keys between
+    them goes into `passed` as the scan reads past it (a scan that stops before
+    a run never reads it)."""
+    for is_held, run in groupby(keys, held.__contains__):
+        if is_held:
+            passed.update(run)
+        else:
+            yield run
 
 
 def first_evictable(

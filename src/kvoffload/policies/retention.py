@@ -14,15 +14,17 @@ within that many seconds (0: none will). `RetentionPolicy` wraps any
    one length the soonest to expire.
 
 An expired hint is no hint. A tier holds at most `max_hinted_share` of its
-capacity under hints: past that, hints stop counting in the order of class 3
-(their chunks stay, in class 2), so neither one tenant nor an application that
-hints everything can pin the cache, and a client claiming a day gains nothing
-over one claiming a minute. Recency, admission and whatever the wrapped
+capacity under hints, and less where they prove worth less than the room they
+take from the wrapped policy (`HintWorth`): past that, hints stop counting in
+the order of class 3 (their chunks stay, in class 2), so neither one tenant nor
+an application that hints everything can pin the cache, and a client claiming
+a day gains nothing over one claiming a minute. Recency, admission and whatever the wrapped
 policy learns are its own: it sees every insert, touch and removal as before.
 With no hint live, `evict` is the wrapped policy's, call for call.
 
-The positive hints are `HintClaims` (hint_claims.py), the 0s `ZeroHints`
-(zero_hints.py), what 0s are worth is `ZeroTrust` (zero_trust.py) and where
+The positive hints are `HintClaims` (hint_claims.py), what they are worth
+`HintWorth` (hint_worth.py), the 0s `ZeroHints` (zero_hints.py), what 0s are
+worth is `ZeroTrust` (zero_trust.py) and where
 shared prefixes end `SharedPrefixes` (shared_prefixes.py); this class orders
 evictions over them. Hints are kept per run (a request's hint on the chunks of
 one store or touch), each chunk under one run of each kind at most.
@@ -42,6 +44,7 @@ from kvoffload.policies.base import (
     Refusing,
 )
 from kvoffload.policies.hint_claims import Clock, HintClaims, RetentionCounts
+from kvoffload.policies.hint_worth import HintWorth
 from kvoffload.policies.shared_prefixes import SharedPrefixes
 from kvoffload.policies.zero_hints import ZeroHints
 from kvoffload.policies.zero_trust import ZeroTrust
@@ -98,6 +101,9 @@ class RetentionPolicy(EvictionPolicy):
         self._clock = clock
         limit = math.floor(check_max_hinted_share(max_hinted_share) * inner.capacity)
         self._hints = HintClaims(limit, clock)
+        self._worth = HintWorth(limit)
+        """How much of the bound the positive hints are worth (`HintWorth`):
+        it sets `HintClaims.limit`."""
         self._hinted = self._hints.owner
         """Chunks under an unexpired positive hint within the bound, with its
         run (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
@@ -123,14 +129,15 @@ class RetentionPolicy(EvictionPolicy):
         return key in self.inner
 
     def insert(self, key: OffloadKey) -> None:
-        self.inner.insert(key)
-        if self._gone:
-            self._trust.stored((key,))
+        self.insert_many((key,))
 
     def insert_many(self, keys: Sequence[OffloadKey]) -> None:
         self.inner.insert_many(keys)
         if self._gone:
             self._trust.stored(keys)
+        worth = self._worth
+        if worth.remembers and worth.stored(keys):
+            self._hints.limit = worth.limit
 
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
@@ -165,6 +172,7 @@ class RetentionPolicy(EvictionPolicy):
         self._hints.clear()
         self._zero.clear()
         self._trust.clear()
+        self._worth.clear()
         self._prefixes.clear()
 
     # -- hints -------------------------------------------------------------------
@@ -208,6 +216,9 @@ class RetentionPolicy(EvictionPolicy):
         self._hints.expire(self._clock())
         if self._hinted:
             self._hints.honour(keys)
+            worth = self._worth
+            if worth.rescued and worth.loaded(keys, self._hinted):
+                self._hints.limit = worth.limit
         if self._zero_run:
             wrong = self._zero.pop_many(keys)
             if wrong:
@@ -239,6 +250,12 @@ class RetentionPolicy(EvictionPolicy):
         """Chunks under an unexpired hint (what the bound caps)."""
         return self._hints.num_hinted()
 
+    @property
+    def hint_room(self) -> int:
+        """How many chunks positive hints may hold now: the bound, less what
+        they proved not to be worth (`HintWorth`)."""
+        return self._hints.limit
+
     # -- eviction ----------------------------------------------------------------
 
     def evict(
@@ -255,17 +272,23 @@ class RetentionPolicy(EvictionPolicy):
         # gather at the front of the wrapped policy's order: `Refusing` lets
         # its scan skip them in C, not with a call each at every eviction, and
         # counts the chunks it accepts.
+        # The hinted chunks it reads past are those the hints keep from it
+        # (`HintWorth`).
         tally = count()
+        passed: set[OffloadKey] = set()
+        watched = (hinted, passed) if hinted else None
         if self._zero.all_believed(ripe):
-            unhinted = Refusing([c for c in (hinted, zero) if c], evictable, tally)
+            unhinted = Refusing([zero] if zero else [], evictable, tally, watched)
         else:
             # A 0 is refused only once believed (one not yet ranks as no hint).
             def accept(key: OffloadKey) -> bool:
                 run = zero.get(key)
                 return (run is None or run.stamp > ripe) and evictable(key)
 
-            unhinted = Refusing([hinted] if hinted else [], accept, tally)
+            unhinted = Refusing([], accept, tally, watched)
         got = self.inner.evict(rest, incoming, unhinted)
+        if passed:
+            self._worth.passed(passed, got or (), len(hinted))
         forget = got is None
         if got is None:
             accepted = next(tally)

@@ -131,7 +131,9 @@ class TierStats:
     under an unexpired hint; `hints_honoured` hinted chunks loaded (once per
     hint); `hints_expired_unused` hints that expired before a load;
     `hints_dropped` hints that stopped counting early (past the tier's bound on
-    hinted chunks, or evicted when nothing else could be).
+    hinted chunks, or evicted when nothing else could be); `hint_room` (a
+    gauge) the chunks hints may hold now: the bound, less what the hints proved
+    not to be worth to the tier's policy (`policies.hint_worth`).
     """
 
     lookups: int = 0
@@ -153,6 +155,7 @@ class TierStats:
     occupancy: int = 0
     capacity: int = 0
     hinted_chunks: int = 0
+    hint_room: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {name: float(value) for name, value in self.__dict__.items()}

@@ -185,12 +185,13 @@ def test_hinted_chunks_are_a_gauge_and_hint_outcomes_counters_per_tier() -> None
 
 def test_the_log_line_names_hinted_chunks_only_where_a_tier_holds_some() -> None:
     tiers = {
-        "cpu": TierStats(hinted_chunks=4, hints_honoured=2),
-        "file": TierStats(),
+        "cpu": TierStats(hinted_chunks=4, hints_honoured=2, hint_room=30),
+        "file": TierStats(hint_room=12),
     }
     shown = StatsDelta().take(tiers, ConnectorStats()).reduce()
     assert shown["cpu.hinted_chunks"] == 4 and shown["cpu.hints_honoured"] == 2
-    assert "file.hinted_chunks" not in shown
+    assert shown["cpu.hint_room"] == 30
+    assert "file.hinted_chunks" not in shown and "file.hint_room" not in shown
     assert shown["file.occupancy"] == 0  # other gauges as before
 
 

@@ -118,3 +118,27 @@ def test_hints_of_reports_what_a_cascade_carries() -> None:
     assert m.hints_of(keys(1, 3, 5, 9)) == (20.0, 0.0, None, None)
     m.retain(keys(5, 9), 40)  # a promoted chunk's hint; 9 is not resident
     assert m.hints_of(keys(5, 9)) == (40.0, None)
+
+
+def test_hints_that_starve_returning_requests_give_their_room_back() -> None:
+    """Scenario: a tier of 20 chunks, hints bounded to 10. A session hinted for
+    an hour holds 10 chunks and never returns; two unhinted conversations of 6
+    chunks take turns in the other 10, each store evicting the other's, which
+    comes back at once. Each return is a hit the hints' room would have kept:
+    that room shrinks to its floor (a quarter of the bound), the gauge says so,
+    and once a later hinted request applies it, both conversations fit and hit
+    on every turn."""
+    m = CPUOffloadingManager(20, "lru", max_hinted_share=0.5, clock=Clock())
+    serve(m, list(range(1000, 1010)), hinted("session", 3600))
+    assert m.get_stats()["cpu"].hint_room == 10
+    rounds = [(list(range(100, 106)), "a"), (list(range(200, 206)), "b")]
+    for turn in range(6):
+        for ids, name in rounds:
+            serve(m, ids, hinted(f"{name}{turn}", None))
+    assert m.get_stats()["cpu"].hint_room == 2
+    serve(m, [3000], hinted("later", 3600))
+    assert m.get_stats()["cpu"].hinted_chunks <= 2
+    for turn in range(6, 8):
+        for ids, name in rounds:
+            serve(m, ids, hinted(f"{name}{turn}", None))
+    assert all(serve(m, ids, hinted(f"{name}9", None)) for ids, name in rounds)

@@ -7,9 +7,10 @@ its logging interval for the `KV Transfer metrics:` line and feeds each step's
 deltas to Prometheus as `vllm:kvoffload_<metric>_total{tier=...}` counters and
 `vllm:kvoffload_<metric>{tier=...}` gauges. A secondary tier may not be named
 `cpu` or `connector` (`RESERVED_NAMES`), so the keys of one never mix with another's.
-Retention hints add a gauge (`hinted_chunks`) and three counters per tier
-(`hints_honoured`, `hints_expired_unused`, `hints_dropped`); the log line shows
-a tier's hinted chunks only while it holds some.
+Retention hints add two gauges (`hinted_chunks`, and `hint_room`: how many
+chunks hints may hold now) and three counters per tier (`hints_honoured`,
+`hints_expired_unused`, `hints_dropped`); the log line shows a tier's hinted
+chunks and their room only while it holds some.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from kvoffload.connector import ConnectorStats
 from kvoffload.tiers.base import TierStats
 from kvoffload.tiers.secondary.factory import parse_tier_config
 
-GAUGES = ("occupancy", "capacity", "hinted_chunks")
+GAUGES = ("occupancy", "capacity", "hinted_chunks", "hint_room")
+HINT_GAUGES = (".hinted_chunks", ".hint_room")
 TIER_COUNTERS = (
     "lookups",
     "hits",
@@ -85,10 +87,12 @@ class KVOffloadStats(KVConnectorStats):
         integers, bytes and seconds in human units (vLLM only formats them).
         A tier holding no hinted chunk says nothing of them: a deployment that
         sends no hints keeps its line as it was."""
+        data = self.data
         return {
             k: _shown(k, v)
-            for k, v in sorted(self.data.items())
-            if v or not k.endswith(".hinted_chunks")
+            for k, v in sorted(data.items())
+            if not k.endswith(HINT_GAUGES)
+            or data.get(k.rpartition(".")[0] + ".hinted_chunks")
         }
 
     def is_empty(self) -> bool:

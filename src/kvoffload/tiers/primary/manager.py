@@ -565,6 +565,7 @@ class CPUOffloadingManager(OffloadingManager):
                 self._stats,
                 occupancy=len(self._slots),
                 hinted_chunks=self._policy.num_hinted(),
+                hint_room=self._policy.hint_room,
                 hints_honoured=counts.honoured,
                 hints_expired_unused=counts.expired_unused,
                 hints_dropped=counts.dropped,

@@ -384,6 +384,7 @@ class FileTier(SecondaryTier):
             occupancy=self._index.num_readable,
             capacity=self.capacity_bytes // self._largest,
             hinted_chunks=hints.num_hinted(),
+            hint_room=hints.hint_room,
             hints_honoured=hints.counts.honoured,
             hints_expired_unused=hints.counts.expired_unused,
             hints_dropped=hints.counts.dropped,

@@ -158,6 +158,7 @@ class MemoryTier(SecondaryTier):
             self._stats,
             occupancy=len(self._chunks),
             hinted_chunks=policy.num_hinted(),
+            hint_room=policy.hint_room,
             hints_honoured=policy.counts.honoured,
             hints_expired_unused=policy.counts.expired_unused,
             hints_dropped=policy.counts.dropped,

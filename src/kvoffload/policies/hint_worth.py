@@ -1,0 +1,115 @@
+"""What the positive retention hints are worth to the policy they overrule,
+and so how much of a tier they may hold.
+
+Hinted chunks leave after every chunk under no hint (`RetentionPolicy`), so the
+room they take is room the wrapped policy does not get. Where a hint's length
+outlasts the tier's turnover, no hint expires: every one stops counting at the
+bound instead, and the hinted share is simply the chunks claimed last. A policy
+that keeps recent chunks anyway (LRU) loses nothing by it; one that gains by
+*not* keeping fresh chunks seen once (`split`) loses that gain on the hinted
+share (docs/policies.md, "The same modes on the generated workloads"). So a
+tier measures both sides, as ARC weighs its two lists by the hits each one's
+ghosts would have had:
+
+- for the hints: a hinted chunk that the wrapped policy's eviction scan read
+  past (it would have given it up, the hint kept it) and that a request then
+  loads while the hint stands is a hit the hint bought;
+- against them: the chunks the policy gave up in an eviction whose scan read
+  past hinted ones are remembered, as many as the hints hold; a store of one
+  again is a hit the room the hints took would have kept.
+
+Each counts one chunk of room: a credit raises the share hints may hold, a
+debit lowers it, between `FLOOR` of the bound (the hints keep enough room to
+be measured again) and the bound itself. An application whose hints buy hits
+the policy would have missed keeps the whole bound; one whose hints keep what
+the policy would have kept anyway, while what it gives up comes back, is held
+to the floor.
+
+Memory: at most as many remembered victims as chunks under a hint, and a set
+of the hinted chunks a scan read past (trimmed to those still hinted).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Iterable, Sequence
+
+from kvoffload.keys import OffloadKey
+
+FLOOR = 0.25
+"""The least share of the bound hints keep, however little they are worth:
+enough hinted chunks for the scan to reach, so that their worth is still
+measured and the share can grow back when the application's hints improve."""
+
+
+class HintWorth:
+    """The room positive hints may hold, in chunks, moved by what they are
+    worth (see the module). `limit` starts at `bound`."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._floor = int(bound * FLOOR)
+        self._share = float(bound)
+        self._victims: OrderedDict[OffloadKey, None] = OrderedDict()
+        """The policy's victims while it read past hinted chunks, oldest first,
+        at most as many as the chunks under a hint."""
+        self.rescued: set[OffloadKey] = set()
+        """Hinted chunks an eviction scan read past (some since left their
+        hint: they are looked up in the hinted chunks when loaded)."""
+
+    @property
+    def limit(self) -> int:
+        """How many chunks hints may hold now."""
+        return int(self._share)
+
+    @property
+    def remembers(self) -> bool:
+        """Whether a store may be a victim coming back (a cheap test first)."""
+        return bool(self._victims)
+
+    def clear(self) -> None:
+        """Forget the chunks (what was learned of the hints stays)."""
+        self._victims.clear()
+        self.rescued.clear()
+
+    def passed(
+        self, rescued: set[OffloadKey], victims: Sequence[OffloadKey], room: int
+    ) -> None:
+        """An eviction's scan read past the hinted chunks `rescued` and gave up
+        `victims` instead, while `room` chunks are under a hint."""
+        self.rescued |= rescued
+        remembered = self._victims
+        for key in victims:  # (a loop: OrderedDict.update is slower)
+            remembered[key] = None
+        popitem = remembered.popitem
+        for _ in range(len(remembered) - max(room, 1)):
+            popitem(False)  # the oldest
+
+    def stored(self, keys: Iterable[OffloadKey]) -> bool:
+        """`keys` were stored: remembered victims came back. Whether the share
+        moved."""
+        remembered = self._victims
+        back = remembered.keys() & keys
+        if not back:
+            return False
+        for key in back:
+            del remembered[key]
+        self._share = max(self._floor, self._share - len(back))
+        return True
+
+    def loaded(self, keys: Sequence[OffloadKey], hinted: Container[OffloadKey]) -> bool:
+        """`keys` were loaded: rescued chunks still under a hint are hits the
+        hints bought. Whether the share moved. `hinted` is a mapping's keys or
+        the mapping."""
+        rescued = self.rescued
+        found = rescued.intersection(keys)
+        if not found:
+            return False
+        rescued -= found
+        bought = sum(1 for key in found if key in hinted)
+        if len(rescued) > 2 * self.bound + 64:
+            self.rescued = {key for key in rescued if key in hinted}
+        if not bought:
+            return False
+        self._share = min(self.bound, self._share + bought)
+        return True
