@@ -26,13 +26,14 @@ the policy would have kept anyway, while what it gives up comes back, is held
 to the floor.
 
 Memory: at most as many remembered victims as chunks under a hint, and a set
-of the hinted chunks a scan read past (trimmed to those still hinted).
+of the hinted chunks a scan read past (trimmed to those still hinted past
+twice the bound).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 
 from kvoffload.keys import OffloadKey
 
@@ -73,16 +74,20 @@ class HintWorth:
         self.rescued.clear()
 
     def passed(
-        self, rescued: set[OffloadKey], victims: Sequence[OffloadKey], room: int
+        self,
+        rescued: set[OffloadKey],
+        victims: Sequence[OffloadKey],
+        hinted: Collection[OffloadKey],
     ) -> None:
-        """An eviction's scan read past the hinted chunks `rescued` and gave up
-        `victims` instead, while `room` chunks are under a hint."""
+        """An eviction's scan read past the chunks `rescued`, under a hint, and
+        gave up `victims` instead; `hinted` are the chunks under a hint now."""
         self.rescued |= rescued
+        self._trim(hinted)
         remembered = self._victims
         for key in victims:  # (a loop: OrderedDict.update is slower)
             remembered[key] = None
         popitem = remembered.popitem
-        for _ in range(len(remembered) - max(room, 1)):
+        for _ in range(len(remembered) - max(len(hinted), 1)):
             popitem(False)  # the oldest
 
     def stored(self, keys: Iterable[OffloadKey]) -> bool:
@@ -107,9 +112,14 @@ class HintWorth:
             return False
         rescued -= found
         bought = sum(1 for key in found if key in hinted)
-        if len(rescued) > 2 * self.bound + 64:
-            self.rescued = {key for key in rescued if key in hinted}
+        self._trim(hinted)
         if not bought:
             return False
         self._share = min(self.bound, self._share + bought)
         return True
+
+    def _trim(self, hinted: Container[OffloadKey]) -> None:
+        """Past twice the bound, keep the rescued chunks still under a hint
+        (only those can be hits the hints bought)."""
+        if len(self.rescued) > 2 * self.bound + 64:
+            self.rescued = {key for key in self.rescued if key in hinted}

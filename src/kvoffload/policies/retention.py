@@ -288,7 +288,7 @@ class RetentionPolicy(EvictionPolicy):
             unhinted = Refusing([], accept, tally, watched)
         got = self.inner.evict(rest, incoming, unhinted)
         if passed:
-            self._worth.passed(passed, got or (), len(hinted))
+            self._worth.passed(passed, got or (), hinted.keys())
         forget = got is None
         if got is None:
             accepted = next(tally)
