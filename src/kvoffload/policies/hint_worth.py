@@ -51,9 +51,10 @@ class HintWorth:
         self.bound = bound
         self._floor = int(bound * FLOOR)
         self._share = float(bound)
-        self._victims: OrderedDict[OffloadKey, None] = OrderedDict()
+        self.victims: OrderedDict[OffloadKey, None] = OrderedDict()
         """The policy's victims while it read past hinted chunks, oldest first,
-        at most as many as the chunks under a hint."""
+        at most as many as the chunks under a hint (read, never written,
+        outside)."""
         self.rescued: set[OffloadKey] = set()
         """Hinted chunks an eviction scan read past (some since left their
         hint: they are looked up in the hinted chunks when loaded)."""
@@ -63,14 +64,9 @@ class HintWorth:
         """How many chunks hints may hold now."""
         return int(self._share)
 
-    @property
-    def remembers(self) -> bool:
-        """Whether a store may be a victim coming back (a cheap test first)."""
-        return bool(self._victims)
-
     def clear(self) -> None:
         """Forget the chunks (what was learned of the hints stays)."""
-        self._victims.clear()
+        self.victims.clear()
         self.rescued.clear()
 
     def passed(
@@ -83,7 +79,7 @@ class HintWorth:
         gave up `victims` instead; `hinted` are the chunks under a hint now."""
         self.rescued |= rescued
         self._trim(hinted)
-        remembered = self._victims
+        remembered = self.victims
         for key in victims:  # (a loop: OrderedDict.update is slower)
             remembered[key] = None
         popitem = remembered.popitem
@@ -93,7 +89,7 @@ class HintWorth:
     def stored(self, keys: Iterable[OffloadKey]) -> bool:
         """`keys` were stored: remembered victims came back. Whether the share
         moved."""
-        remembered = self._victims
+        remembered = self.victims
         back = remembered.keys() & keys
         if not back:
             return False

@@ -104,6 +104,9 @@ class RetentionPolicy(EvictionPolicy):
         self._worth = HintWorth(limit)
         """How much of the bound the positive hints are worth (`HintWorth`):
         it sets `HintClaims.limit`."""
+        self._displaced = self._worth.victims
+        """The policy's victims while hints held room (`HintWorth`): empty
+        unless positive hints are sent."""
         self._hinted = self._hints.owner
         """Chunks under an unexpired positive hint within the bound, with its
         run (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
@@ -135,9 +138,8 @@ class RetentionPolicy(EvictionPolicy):
         self.inner.insert_many(keys)
         if self._gone:
             self._trust.stored(keys)
-        worth = self._worth
-        if worth.remembers and worth.stored(keys):
-            self._hints.limit = worth.limit
+        if self._displaced and self._worth.stored(keys):
+            self._hints.limit = self._worth.limit
 
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
