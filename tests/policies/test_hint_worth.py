@@ -84,6 +84,44 @@ def test_hints_that_buy_hits_win_their_room_back() -> None:
     assert evict_one(policy) in UNHINTED
 
 
+def test_hints_dropped_at_a_lowered_room_that_return_in_time_win_it_back() -> None:
+    """Scenario: as in the first, the room falls to two chunks and a claim
+    drops eight hints. The two still hinted are used again; six of the eight
+    are evicted and asked for again before their deadline, as their hint said:
+    hits a larger room would have kept. The room grows by six, and a claim of
+    all ten keeps eight under a hint."""
+    policy, clock = full_tier()
+    for _ in range(8):
+        policy.insert(evict_one(policy))
+    claim_again(policy, clock)
+    kept = [key for key in HINTED if policy.hint_of(key) is not None]
+    assert len(kept) == 2
+    policy.touch(kept)  # the scan meets the eight first, no hinted chunk
+    for _ in range(6):
+        victim = evict_one(policy)
+        assert victim in HINTED and victim not in kept
+        policy.insert(victim)
+    clock.now += 1
+    policy.retain(HINTED, 1000)
+    assert policy.num_hinted() == 8
+
+
+def test_hints_dropped_at_a_lowered_room_that_come_late_win_nothing() -> None:
+    """Scenario: the same, but the eight come back after their deadline: the
+    hint was wrong about them, and the room stays at two."""
+    policy, clock = full_tier()
+    for _ in range(8):
+        policy.insert(evict_one(policy))
+    claim_again(policy, clock)
+    kept = [key for key in HINTED if policy.hint_of(key) is not None]
+    policy.touch(kept)
+    clock.now += 2000
+    for _ in range(6):
+        policy.insert(evict_one(policy))
+    policy.retain(HINTED, 1000)
+    assert policy.num_hinted() == 2
+
+
 def test_loads_of_chunks_no_longer_hinted_buy_nothing() -> None:
     """Scenario: as in the first, then the hints expire and the chunks the scan
     had read past are loaded: no hint bought them, so the room stays at the

@@ -90,6 +90,9 @@ class HintClaims:
         """The chunks whose deadline is `_latest`, the latest of all: a
         request's later claims at the same instant skip them in C."""
         self.counts = RetentionCounts()
+        self.on_drop: Callable[[Sequence[OffloadKey], float], None] | None = None
+        """Told of the chunks whose hint stops counting past the limit, with
+        the hint's deadline (`HintWorth.dropped`)."""
 
     def clear(self) -> None:
         """Forget every hint (the counters stay: they only grow)."""
@@ -232,6 +235,8 @@ class HintClaims:
             dropped = live[keep:]
             for key in dropped:
                 del owner[key]
+            if self.on_drop is not None:
+                self.on_drop(dropped, run.due)
             self._at_latest.difference_update(dropped)
             run.live = keep
             self.counts.dropped += len(dropped)

@@ -13,7 +13,10 @@ ghosts would have had:
 
 - for the hints: a hinted chunk that the wrapped policy's eviction scan read
   past (it would have given it up, the hint kept it) and that a request then
-  loads while the hint stands is a hit the hint bought;
+  loads while the hint stands is a hit the hint bought; and a chunk whose hint
+  stopped counting because the room had been lowered below the bound, stored
+  again by the hint's deadline (evicted meanwhile, and asked for as the hint
+  said), is a hit a larger room would have kept;
 - against them: the chunks the policy gave up in an eviction whose scan read
   past hinted ones are remembered, as many as the hints hold; a store of one
   again is a hit the room the hints took would have kept.
@@ -25,9 +28,14 @@ the policy would have missed keeps the whole bound; one whose hints keep what
 the policy would have kept anyway, while what it gives up comes back, is held
 to the floor.
 
-Memory: at most as many remembered victims as chunks under a hint, and a set
-of the hinted chunks a scan read past (trimmed to those still hinted past
-twice the bound).
+The two remembered lists are ARC's two ghosts: without the second, a room
+lowered early (victims come back within a store or two, hinted chunks at
+their conversation's next turn) could not earn itself back, the chunks it no
+longer holds never being read past under a hint.
+
+Memory: at most as many remembered victims as chunks under a hint, at most the
+bound's worth of chunks whose hint stopped counting, and a set of the hinted
+chunks a scan read past (trimmed to those still hinted past twice the bound).
 """
 
 from __future__ import annotations
@@ -55,6 +63,10 @@ class HintWorth:
         """The policy's victims while it read past hinted chunks, oldest first,
         at most as many as the chunks under a hint (read, never written,
         outside)."""
+        self.lost: OrderedDict[OffloadKey, float] = OrderedDict()
+        """Chunks whose hint stopped counting while the room was below the
+        bound, with the hint's deadline, oldest first, at most `bound` of them
+        (read, never written, outside)."""
         self.rescued: set[OffloadKey] = set()
         """Hinted chunks an eviction scan read past (some since left their
         hint: they are looked up in the hinted chunks when loaded)."""
@@ -67,6 +79,7 @@ class HintWorth:
     def clear(self) -> None:
         """Forget the chunks (what was learned of the hints stays)."""
         self.victims.clear()
+        self.lost.clear()
         self.rescued.clear()
 
     def passed(
@@ -86,17 +99,47 @@ class HintWorth:
         for _ in range(len(remembered) - max(len(hinted), 1)):
             popitem(False)  # the oldest
 
-    def stored(self, keys: Iterable[OffloadKey]) -> bool:
-        """`keys` were stored: remembered victims came back. Whether the share
-        moved."""
+    def dropped(self, keys: Iterable[OffloadKey], due: float) -> None:
+        """The hint on `keys`, due at `due`, stopped counting at the room's
+        limit: remembered while that limit is below the bound (a drop at the
+        bound itself is the cap the application is held to, not a measure)."""
+        if self._share >= self.bound:
+            return
+        lost = self.lost
+        for key in keys:
+            lost[key] = due
+        popitem = lost.popitem
+        for _ in range(len(lost) - self.bound):
+            popitem(False)  # the oldest
+
+    def survived(self, keys: Iterable[OffloadKey]) -> None:
+        """`keys` were loaded: those whose hint had stopped counting stayed
+        without it (no credit)."""
+        lost = self.lost
+        for key in lost.keys() & keys:
+            del lost[key]
+
+    def stored(self, keys: Iterable[OffloadKey], now: float) -> bool:
+        """`keys` were stored at `now`: chunks whose hint stopped counting
+        came back by its deadline (credits) and remembered victims came back
+        (debits). Whether the share moved."""
+        share = self._share
+        lost = self.lost
+        if lost:
+            back = lost.keys() & keys
+            if back:
+                pop = lost.pop
+                # (A hint's deadline is when its request is due: one that
+                # comes then comes as the hint said.)
+                kept = sum(1 for key in back if pop(key) >= now)
+                self._share = min(self.bound, self._share + kept)
         remembered = self.victims
         back = remembered.keys() & keys
-        if not back:
-            return False
-        for key in back:
-            del remembered[key]
-        self._share = max(self._floor, self._share - len(back))
-        return True
+        if back:
+            for key in back:
+                del remembered[key]
+            self._share = max(self._floor, self._share - len(back))
+        return self._share != share
 
     def loaded(self, keys: Sequence[OffloadKey], hinted: Container[OffloadKey]) -> bool:
         """`keys` were loaded: rescued chunks still under a hint are hits the

@@ -107,6 +107,9 @@ class RetentionPolicy(EvictionPolicy):
         self._displaced = self._worth.victims
         """The policy's victims while hints held room (`HintWorth`): empty
         unless positive hints are sent."""
+        self._lost = self._worth.lost
+        """Chunks whose hint stopped counting at a lowered room (`HintWorth`)."""
+        self._hints.on_drop = self._worth.dropped
         self._hinted = self._hints.owner
         """Chunks under an unexpired positive hint within the bound, with its
         run (`HintClaims`'s, read here; it never shares a key with `_zero`)."""
@@ -138,7 +141,7 @@ class RetentionPolicy(EvictionPolicy):
         self.inner.insert_many(keys)
         if self._gone:
             self._trust.stored(keys)
-        if self._displaced and self._worth.stored(keys):
+        if (self._displaced or self._lost) and self._worth.stored(keys, self._clock()):
             self._hints.limit = self._worth.limit
 
     def remove(self, key: OffloadKey) -> None:
@@ -213,6 +216,8 @@ class RetentionPolicy(EvictionPolicy):
 
     def note_hit(self, keys: Sequence[OffloadKey]) -> None:
         """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
+        if self._lost:
+            self._worth.survived(keys)
         if not self._hinted and not self._zero_run:
             return
         self._hints.expire(self._clock())
