@@ -18,15 +18,15 @@ capacity under hints, and less where they prove worth less than the room they
 take from the wrapped policy (`HintWorth`): past that, hints stop counting in
 the order of class 3 (their chunks stay, in class 2), so neither one tenant nor
 an application that hints everything can pin the cache, and a client claiming
-a day gains nothing over one claiming a minute. Recency, admission and whatever the wrapped
-policy learns are its own: it sees every insert, touch and removal as before.
-With no hint live, `evict` is the wrapped policy's, call for call.
+a day gains nothing over one claiming a minute. Recency, admission and
+whatever the wrapped policy learns are its own: it sees every insert, touch
+and removal as before. With no hint live, `evict` is the wrapped policy's,
+call for call.
 
 The positive hints are `HintClaims` (hint_claims.py), what they are worth
 `HintWorth` (hint_worth.py), the 0s `ZeroHints` (zero_hints.py), what 0s are
-worth is `ZeroTrust` (zero_trust.py) and where
-shared prefixes end `SharedPrefixes` (shared_prefixes.py); this class orders
-evictions over them. Hints are kept per run (a request's hint on the chunks of
+worth `ZeroTrust` (zero_trust.py) and where shared prefixes end
+`SharedPrefixes` (shared_prefixes.py); this class orders evictions over them. Hints are kept per run (a request's hint on the chunks of
 one store or touch), each chunk under one run of each kind at most.
 """
 
