@@ -10,19 +10,12 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_policy
 from kvoffload.policies.retention import RetentionPolicy
 from kvoffload.policies.zero_hints import ZeroHints
 
-
-def k(i: int) -> OffloadKey:
-    return make_offload_key(i.to_bytes(8, "big"), 0)
-
-
-def always(_: OffloadKey) -> bool:
-    return True
-
+from .support import always, k
 
 _ops = st.lists(
     st.tuples(st.integers(0, 3), st.lists(st.integers(0, 24), max_size=8)),

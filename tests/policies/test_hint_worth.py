@@ -4,27 +4,12 @@ the policy's victims that come back (`HintWorth`)."""
 
 from __future__ import annotations
 
-from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.keys import OffloadKey
 from kvoffload.policies import Refusing, create_policy
 from kvoffload.policies.base import first_evictable
 from kvoffload.policies.retention import RetentionPolicy
 
-
-def k(i: int) -> OffloadKey:
-    return make_offload_key(i.to_bytes(8, "big"), 0)
-
-
-def always(_: OffloadKey) -> bool:
-    return True
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from .support import Clock, always, k
 
 HINTED = [k(i) for i in range(10)]
 UNHINTED = [k(100 + i) for i in range(10)]

@@ -8,25 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.keys import OffloadKey
 from kvoffload.policies import StopEviction, create_policy, policy_names
 from kvoffload.policies.retention import RetentionPolicy, check_max_hinted_share
 
-
-def k(i: int) -> OffloadKey:
-    return make_offload_key(i.to_bytes(8, "big"), 0)
-
-
-def always(_: OffloadKey) -> bool:
-    return True
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from .support import Clock, always, k
 
 
 def wrapped(
