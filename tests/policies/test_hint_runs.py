@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_policy
 from kvoffload.policies.retention import RetentionPolicy
-from kvoffload.policies.zero_hints import ZeroHints
+from kvoffload.policies.zero_hints import FOUND, OWN, ZeroHints
 
 from .support import always, k
 
@@ -24,36 +24,54 @@ _ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=_ops, ripe_back=st.integers(0, 4))
+@given(ops=_ops, back=st.tuples(st.integers(0, 4), st.integers(0, 4)))
 def test_zero_hints_keep_the_order_of_a_table_of_chunks_hinted_0(
-    ops: list[tuple[int, list[int]]], ripe_back: int
+    ops: list[tuple[int, list[int]]], back: tuple[int, int]
 ) -> None:
     """Chunks hinted 0 (a chunk already hinted keeps its date; those in `skip`
     are left out), taken out one by one, in bulk or from the believed front:
-    the believed chunks come oldest first, as from an insertion-ordered table."""
-    zero, model = ZeroHints(), OrderedDict[OffloadKey, int]()
+    the believed chunks come oldest first, each call's chunks from the end of
+    its prefix back, as from an insertion-ordered table; each kind of 0 is
+    believed from its own date."""
+    zero, model = ZeroHints(), OrderedDict[OffloadKey, tuple[int, int]]()
     skip = {k(i) for i in range(0, 25, 7)}
     for clock, (op, ids) in enumerate(ops, 1):
         keys = list(dict.fromkeys(k(i) for i in ids))
         if op == 0:
+            # Chunks the hinting request stored itself (`OWN`); none told on
+            # every third call (then all are).
+            own = None if clock % 3 == 0 else {k(i) for i in ids if i % 2 == clock % 2}
             fresh = [key for key in keys if key not in model and key not in skip]
-            assert zero.add(keys, clock, skip) == len(fresh)
-            model.update(dict.fromkeys(fresh, clock))
+            mine = [key for key in fresh if own is None or key in own]
+            found = [key for key in fresh if key not in mine]
+            assert zero.add(keys, clock, skip, own) == (len(mine), len(found))
+            model.update(dict.fromkeys(reversed(mine), (clock, OWN)))
+            model.update(dict.fromkeys(reversed(found), (clock, FOUND)))
         elif op == 1:
             assert sorted(zero.pop_many(keys)) == sorted(
-                model.pop(key) for key in keys if key in model
+                mark(*model.pop(key)) for key in keys if key in model
             )
         elif op == 2:
             for key in keys:
-                assert zero.pop(key) == model.pop(key, None)
+                popped = model.pop(key, None)
+                assert zero.pop(key) == (None if popped is None else mark(*popped))
         else:
-            ripe = clock - ripe_back
-            believed = [key for key, stamp in model.items() if stamp <= ripe]
+            ripe = (clock - back[0], clock - back[1])
+            believed = [key for key, (at, of) in model.items() if at <= ripe[of]]
             taken = zero.first_evictable(len(keys), ripe, always)
             assert taken == believed[: len(keys)]
-            assert zero.take(taken) == [model.pop(key) for key in taken]
-        assert {key: zero.stamp(key) for key in zero.run_of} == dict(model)
-        assert list(zero.believed(clock)) == list(model)
+            assert zero.take(taken) == [mark(*model.pop(key)) for key in taken]
+            if zero.all_believed(ripe):
+                assert all(at <= ripe[of] for at, of in model.values())
+        assert {key: zero.stamp(key) for key in zero.run_of} == {
+            key: at for key, (at, _) in model.items()
+        }
+        assert list(zero.believed((clock, clock))) == list(model)
+
+
+def mark(stamp: int, kind: int) -> int:
+    """What `ZeroHints` gives back for a 0 of `kind` dated `stamp`."""
+    return stamp << 1 | kind
 
 
 def test_a_chunk_that_took_a_deadline_again_counts_in_its_new_claim() -> None:

@@ -34,14 +34,14 @@ def drain(policy: RetentionPolicy) -> list[OffloadKey]:
 
 @pytest.mark.parametrize("name", policy_names())
 def test_hinted_zero_go_first_then_unhinted_then_hinted(name: str) -> None:
-    """Scenario: eight chunks; 6 and 7 are hinted 0, 0 and 1 held for 60 s,
-    2 for 30 s; the rest carry no hint. Whatever the policy, the 0s go first
-    (oldest hint first), then the unhinted ones, then the held ones, the longest
-    hint first."""
+    """Scenario: eight chunks; a prompt ending 6, 7 is hinted 0, 0 and 1 held
+    for 60 s, 2 for 30 s; the rest carry no hint. Whatever the policy, the 0s
+    go first (a prompt's end before its head: a hit is a leading run), then the
+    unhinted ones, then the held ones, the longest hint first."""
     policy, _ = wrapped(name)
     for i in range(8):
         policy.insert(k(i))
-    policy.retain([k(7), k(6)], 0)
+    policy.retain([k(6), k(7)], 0)
     policy.retain([k(0), k(1)], 60)
     policy.retain([k(2)], 30)
     order = drain(policy)
@@ -167,7 +167,7 @@ def test_a_zero_spares_the_prefix_other_requests_branch_from(name: str) -> None:
     stored different chunks after it (2, then 3), so it ends a shared prefix. A
     last turn (0, 1, 4) says 0: only its own part, chunk 4, goes first. A
     conversation's history that never branched (5, 6, then 7 after them) is
-    covered whole."""
+    covered whole, its end first."""
     policy, _ = wrapped(name, capacity=16)
     for i in range(9):
         policy.insert(k(i))
@@ -180,7 +180,7 @@ def test_a_zero_spares_the_prefix_other_requests_branch_from(name: str) -> None:
     policy.touch([k(5), k(6), k(7)], {k(7)})
     policy.retain([k(5), k(6), k(7)], 0)
     assert [policy.hint_of(k(i)) for i in (5, 6, 7)] == [0.0, 0.0, 0.0]
-    assert drain(policy)[:4] == [k(4), k(5), k(6), k(7)]
+    assert drain(policy)[:4] == [k(4), k(7), k(6), k(5)]
 
 
 def _learn_wrong_zeros(name: str, victims_back: bool) -> RetentionPolicy:
@@ -252,6 +252,38 @@ def test_zeros_never_proven_wrong_go_first_at_once(name: str) -> None:
     assert policy.wrong_zero_rate == 0.0
 
 
+@pytest.mark.parametrize("name", policy_names())
+def test_zeros_on_found_chunks_are_judged_apart_from_zeros_on_own_ones(
+    name: str,
+) -> None:
+    """Scenario: an application whose 0s on chunks a request found in the tier
+    (a conversation's history) are wrong, and whose 0s on chunks a request
+    stored itself (a one-shot document) are right. One request found 0 and 1
+    and said 0 of them; another stored 2 and 3 and said 0; the tier evicted
+    two unhinted chunks, then 0 and 1 were loaded again. The next 0 on a
+    found chunk waits behind the policy's own victims; one on a chunk its
+    request stored goes first at once."""
+    policy, _ = wrapped(name)
+    for i in range(8):
+        policy.insert(k(i))
+    found, own = [k(0), k(1)], [k(2), k(3)]
+    policy.retain(found, 0, stored=frozenset())
+    policy.retain(own, 0, stored=set(own))
+    for i in (8, 9):
+        victims = policy.evict(1, [k(i)], lambda key: key in (k(4), k(5)))
+        assert victims is not None
+        policy.insert(k(i))
+    policy.note_hit(found)
+    assert policy.wrong_zero_rate == 0.5
+    assert policy.evict(2, [k(10), k(11)], always) == [k(3), k(2)]
+    policy.insert_many([k(10), k(11)])
+    policy.retain([k(6)], 0, stored=frozenset())
+    policy.retain([k(7)], 0, stored={k(7)})
+    assert not policy.zero_believed(k(6)) and policy.zero_believed(k(7))
+    assert policy.evict(1, [k(12)], always) == [k(7)]
+    assert policy.evict(1, [k(13)], always) != [k(6)]
+
+
 def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
     """Scenario: chunk 0, hinted 0, is evicted first; a later request needs it
     and stores it again: that proves the 0 wrong even though no load saw it,
@@ -275,7 +307,8 @@ def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
 @pytest.mark.parametrize("name", policy_names())
 def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) -> None:
     """Scenario: the manager stops eviction at the storing request's own chunk
-    (k(3), hinted 0 after k(2)); the policy is unchanged afterwards."""
+    (k(2), hinted 0 with k(3) after it: k(3) is offered first); the policy is
+    unchanged afterwards."""
     policy, _ = wrapped(name)
     for i in range(6):
         policy.insert(k(i))
@@ -283,7 +316,7 @@ def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) 
     policy.retain([k(0)], 30)
 
     def until_own(key: OffloadKey) -> bool:
-        if key == k(3):
+        if key == k(2):
             raise StopEviction
         return True
 
@@ -291,7 +324,7 @@ def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) 
         policy.evict(3, [k(9)], until_own)
     assert len(policy) == 6
     assert policy.hint_of(k(2)) == 0.0 and policy.hint_of(k(0)) == 30
-    assert policy.evict(1, [], until_own) == [k(2)]
+    assert policy.evict(1, [], until_own) == [k(3)]
 
 
 def test_max_hinted_share_is_checked() -> None:

@@ -5,10 +5,12 @@ A request's `kv_retention_s` says that a request sharing its prompt will come
 within that many seconds (0: none will). `RetentionPolicy` wraps any
 `EvictionPolicy` and changes only the order in which `evict` offers chunks:
 
-1. chunks hinted 0, the oldest hint first, once the 0 is believed: a tier
-   learns how often, and how late, its application's 0s are proven wrong, and
-   until a 0 has outlived the age at which such 0s were asked for again more
-   often than the policy's own victims, it is in class 2 (`ZeroTrust`);
+1. chunks hinted 0, the oldest hint first (a hint's chunks from the end of
+   the prompt back), once the 0 is believed: a tier learns how often, and how
+   late, its application's 0s are proven wrong (apart for chunks the hinting
+   request stored and chunks it found), and until a 0 has outlived the age at
+   which such 0s were asked for again more often than the policy's own
+   victims, it is in class 2 (`ZeroTrust`);
 2. chunks under no hint, in the wrapped policy's order;
 3. chunks under an unexpired hint, the longest hint first, and among hints of
    one length the soonest to expire.
@@ -33,7 +35,7 @@ one store or touch), each chunk under one run of each kind at most.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Container, Iterable, Sequence, Set
 from itertools import count, filterfalse
 
 from kvoffload.config import finite_seconds, shown
@@ -46,7 +48,7 @@ from kvoffload.policies.base import (
 from kvoffload.policies.hint_claims import Clock, HintClaims, RetentionCounts
 from kvoffload.policies.hint_worth import HintWorth
 from kvoffload.policies.shared_prefixes import SharedPrefixes
-from kvoffload.policies.zero_hints import ZeroHints
+from kvoffload.policies.zero_hints import FOUND, OWN, Ripe, ZeroHints
 from kvoffload.policies.zero_trust import ZeroTrust
 
 __all__ = [
@@ -187,8 +189,16 @@ class RetentionPolicy(EvictionPolicy):
         """Whether any chunk is under a hint (positive or 0)."""
         return bool(self._hinted or self._zero_run)
 
-    def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
-        """Put resident `keys` (prefix order) under a hint of `seconds` from now."""
+    def retain(
+        self,
+        keys: Sequence[OffloadKey],
+        seconds: float,
+        stored: Container[OffloadKey] | None = None,
+    ) -> None:
+        """Put resident `keys` (prefix order) under a hint of `seconds` from now.
+        `stored`: those of `keys` the hinting request stored itself, where the
+        caller knows (`None`: all of them); a 0 on a chunk it found instead
+        is judged apart (`ZeroTrust`)."""
         if not keys:
             return
         self._hinting = True
@@ -198,11 +208,13 @@ class RetentionPolicy(EvictionPolicy):
             # `ZeroTrust`), dated by the eviction clock; a chunk hinted 0
             # already keeps its date.
             trust = self._trust
-            given = self._zero.add(
-                self._prefixes.past_shared(keys), trust.clock, self._hinted
+            own, found = self._zero.add(
+                self._prefixes.past_shared(keys), trust.clock, self._hinted, stored
             )
-            if given:
-                trust.given(given)
+            if own:
+                trust.given(own, OWN)
+            if found:
+                trust.given(found, FOUND)
             return
         claimed = self._hints.claim(keys, seconds)
         if self._zero_run and claimed:
@@ -229,8 +241,7 @@ class RetentionPolicy(EvictionPolicy):
         if self._zero_run:
             wrong = self._zero.pop_many(keys)
             if wrong:
-                now = self._trust.clock
-                self._trust.proven([now - stamp for stamp in wrong])
+                self._trust.proven(wrong)
 
     def hint_of(self, key: OffloadKey) -> float | None:
         """The hint `key` is under now, as a request gives one: seconds left
@@ -244,8 +255,7 @@ class RetentionPolicy(EvictionPolicy):
     def zero_believed(self, key: OffloadKey) -> bool:
         """Whether `key` is hinted 0 and the 0 is believed now: it goes first
         (a 0 not yet believed ranks as no hint; `ZeroTrust`)."""
-        stamp = self._zero.stamp(key)
-        return stamp is not None and stamp <= self._trust.ripe()
+        return self._zero.is_believed(key, self._trust.ripe())
 
     @property
     def wrong_zero_rate(self) -> float:
@@ -272,7 +282,7 @@ class RetentionPolicy(EvictionPolicy):
             return self.inner.evict(n, incoming, evictable)
         self._hints.expire(self._clock())
         hinted, zero = self._hinted, self._zero_run
-        ripe = self._trust.ripe() if zero else 0
+        ripe = self._trust.ripe() if zero else (0, 0)
         taken = self._zero.first_evictable(n, ripe, evictable) if zero else []
         rest = n - len(taken)
         # Chunks under a hint outlive the unhinted ones around them, so they
@@ -290,7 +300,7 @@ class RetentionPolicy(EvictionPolicy):
             # A 0 is refused only once believed (one not yet ranks as no hint).
             def accept(key: OffloadKey) -> bool:
                 run = zero.get(key)
-                return (run is None or run.stamp > ripe) and evictable(key)
+                return (run is None or run.stamp > ripe[run.kind]) and evictable(key)
 
             unhinted = Refusing([], accept, tally, watched)
         got = self.inner.evict(rest, incoming, unhinted)
@@ -315,13 +325,13 @@ class RetentionPolicy(EvictionPolicy):
         store of one again says what a 0, or the policy's victim, was worth."""
         zero = self._zero
         # (`taken` are hinted 0 only: not under a deadline.)
-        stamps = zero.take(taken, self.inner.remove_many)
+        marks = zero.take(taken, self.inner.remove_many)
         victims = list(filterfalse(self._zero_run.__contains__, got))
         if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
             unripe = [key for key in got if key in self._zero_run]
             taken = taken + unripe
-            stamps += zero.take(unripe)
-        self._trust.evicted(taken, stamps, victims)
+            marks += zero.take(unripe)
+        self._trust.evicted(taken, marks, victims)
 
     def _evict_hinted(
         self,
@@ -329,7 +339,7 @@ class RetentionPolicy(EvictionPolicy):
         need: int,
         incoming: Sequence[OffloadKey],
         evictable: Evictable,
-        ripe: int,
+        ripe: Ripe,
     ) -> list[OffloadKey] | None:
         """Every evictable unhinted chunk (`n - need` of them, as far as the
         wrapped policy, which asked about each before giving up, tells), and the
@@ -344,7 +354,7 @@ class RetentionPolicy(EvictionPolicy):
 
         def believed(key: OffloadKey) -> bool:
             run = zero.get(key)
-            return run is not None and run.stamp <= ripe
+            return run is not None and run.stamp <= ripe[run.kind]
 
         def allowed(key: OffloadKey) -> bool:
             if believed(key) or (key in hinted and key not in picked):

@@ -20,14 +20,22 @@ Both count what is asked for within about a turnover (the evicted chunks a tier
 remembers are its capacity's worth). A chunk hinted 0 is believed (goes first)
 from the first age at which such 0s have been asked for again no more often than
 the policy's victims, `r(a) <= v`; until then it ranks as unhinted, in the
-wrapped policy's order. Where the tier is short of room its victims are often
+wrapped policy's order.
+
+`r` is learned apart for two kinds of 0 (`zero_hints.OWN`, `FOUND`): on a chunk
+the hinting request stored itself, and on one it found in the tier. A found
+chunk has been asked for before; where an application's 0s are sometimes wrong
+those are the ones proven wrong (a conversation's history is found at every
+turn), while its right 0s are mostly on chunks that no request found (a
+one-shot document, a last turn's own text). One rate for both lets the many
+right 0s vouch for the wrong ones (docs/policies.md, "Wrong 0s"). Where the tier is short of room its victims are often
 asked for again and 0s that are right four times in five go first at once;
 where it holds nearly everything its victims are seldom wanted and an
 application's wrong 0s would be the tier's costliest evictions, so they wait.
 An application whose 0s are never proven wrong keeps the order of old.
 
 Memory: the evicted chunks remembered, at most the tier's capacity, and one
-counter per power of two of age. Each operation costs a few dict operations
+counter per power of two of age and kind. Each operation costs a few dict operations
 per chunk evicted or hinted 0 (only while a chunk hinted 0 is resident); the
 age from which 0s are believed is recomputed (a few dozen steps) when a count
 has changed.
@@ -39,14 +47,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvoffload.keys import OffloadKey
+from kvoffload.policies.zero_hints import Ripe
 
 WINDOW_TURNOVERS = 2
 """The counts cover about this many tiers' worth of chunks hinted 0 and of
 victims (older counts are halved away): recent enough to follow an
 application that changes, long enough that most have met their next turn."""
 _UNHINTED = -1
-"""What `ZeroTrust.gone` holds for a victim under no hint (a 0 holds a clock
-reading, >= 0)."""
+"""What `ZeroTrust.gone` holds for a victim under no hint (a 0 holds its
+`ZeroRun.mark`, >= 0)."""
 
 
 class ZeroTrust:
@@ -59,37 +68,46 @@ class ZeroTrust:
         this clock's advance since it was given."""
         self.gone: OrderedDict[OffloadKey, int] = OrderedDict()
         """Chunks evicted while a chunk hinted 0 was resident, oldest first, at
-        most `capacity` of them: with the clock when hinted 0, or `_UNHINTED`.
+        most `capacity` of them: with the `ZeroRun.mark` of their 0, or `_UNHINTED`.
         A store of one of them is a chunk asked for again."""
         self._window = WINDOW_TURNOVERS * self.capacity
-        self._given = 0.0
-        self._proofs: list[float] = []
-        """Chunks proven wrong by age: entry `i` holds ages of `i` bits."""
+        self._given = [0.0, 0.0]
+        """Chunks hinted 0 lately, per kind."""
+        self._proofs: tuple[list[float], list[float]] = ([], [])
+        """Chunks proven wrong by kind and age: entry `i` holds ages of `i` bits."""
         self._victims = 0.0
         self._victims_back = 0.0
-        self._wait: int | None = 0
-        """The age from which a 0 is believed (None: to be recomputed)."""
+        self._wait: list[int | None] = [0, 0]
+        """The age from which a 0 of each kind is believed (None: to be
+        recomputed)."""
 
     @property
     def rate(self) -> float:
         """The share of chunks hinted 0 lately that were proven wrong."""
-        return min(1.0, sum(self._proofs) / self._given) if self._given else 0.0
+        given = sum(self._given)
+        wrong = sum(map(sum, self._proofs))
+        return min(1.0, wrong / given) if given else 0.0
 
     @property
     def victim_rate(self) -> float:
         """The share of the policy's unhinted victims lately stored again."""
         return self._victims_back / self._victims if self._victims else 0.0
 
-    def ripe(self) -> int:
-        """The clock reading at or before which a 0 is believed."""
-        if self._wait is None:
-            self._wait = self._first_believed_age()
-        return self.clock - self._wait
+    def ripe(self) -> Ripe:
+        """The clock reading at or before which a 0 of each kind is believed."""
+        wait = self._wait
+        own, found = wait
+        if own is None:
+            own = wait[0] = self._first_believed_age(0)
+        if found is None:
+            found = wait[1] = self._first_believed_age(1)
+        return self.clock - own, self.clock - found
 
-    def _first_believed_age(self) -> int:
-        """The least age `a` with `r(a) <= v` (ages in buckets of powers of two:
-        `r` is read at their edges)."""
-        proofs, given, worth = self._proofs, self._given, self.victim_rate
+    def _first_believed_age(self, kind: int) -> int:
+        """The least age `a` with `r(a) <= v` for 0s of `kind` (ages in buckets
+        of powers of two: `r` is read at their edges)."""
+        proofs, given = self._proofs[kind], self._given[kind]
+        worth = self.victim_rate
         later = sum(proofs)
         before = 0.0
         for bits, count in enumerate(proofs):
@@ -100,38 +118,42 @@ class ZeroTrust:
             later -= count
         return (1 << len(proofs)) >> 1  # past every proof: r is 0
 
-    def given(self, n: int) -> None:
-        """`n` chunks came under a 0."""
-        self._given += n
-        if self._given > self._window:
-            self._given /= 2
-            self._proofs = [count / 2 for count in self._proofs]
-        self._wait = None
+    def given(self, n: int, kind: int) -> None:
+        """`n` chunks of `kind` came under a 0."""
+        given = self._given
+        given[kind] += n
+        if given[kind] > self._window:
+            given[kind] /= 2
+            proofs = self._proofs[kind]
+            proofs[:] = [count / 2 for count in proofs]
+        self._wait[kind] = None
 
-    def proven(self, ages: Iterable[int]) -> None:
-        """Chunks hinted 0 were asked for again, at these ages."""
-        proofs = self._proofs
-        for age in ages:
-            bits = max(0, age).bit_length()
+    def proven(self, marks: Iterable[int]) -> None:
+        """Chunks hinted 0 were asked for again (their 0s' `ZeroRun.mark`s)."""
+        clock, wait = self.clock, self._wait
+        for mark in marks:
+            kind = mark & 1
+            proofs = self._proofs[kind]
+            bits = max(0, clock - (mark >> 1)).bit_length()
             if bits >= len(proofs):
                 proofs.extend([0.0] * (bits + 1 - len(proofs)))
             proofs[bits] += 1
-        self._wait = None
+            wait[kind] = None
 
     def evicted(
         self,
         zeros: Sequence[OffloadKey],
-        stamps: Sequence[int],
+        marks: Sequence[int],
         unhinted: Sequence[OffloadKey],
     ) -> None:
-        """Chunks hinted 0 (`stamps`: the clock when they were) and the
+        """Chunks hinted 0 (`marks`: their 0s' `ZeroRun.mark`) and the
         policy's unhinted victims (distinct keys, none remembered) left:
         remember them (bounded) and advance the clock."""
         gone = self.gone
         # Loops, not `update`: an OrderedDict takes a batch through the generic
         # mapping protocol, several times slower.
-        for key, stamp in zip(zeros, stamps, strict=True):
-            gone[key] = stamp
+        for key, mark in zip(zeros, marks, strict=True):
+            gone[key] = mark
         for key in unhinted:
             gone[key] = _UNHINTED
         self.clock += len(zeros) + len(unhinted)
@@ -144,7 +166,7 @@ class ZeroTrust:
             if self._victims > self._window:
                 self._victims /= 2
                 self._victims_back /= 2
-            self._wait = None
+            self._wait = [None, None]
 
     def stored(self, keys: Iterable[OffloadKey]) -> None:
         """`keys` were stored again: remembered ones were asked for again."""
@@ -152,12 +174,12 @@ class ZeroTrust:
         back = [gone.pop(key) for key in gone.keys() & keys]
         if not back:
             return
-        ages = [self.clock - stamp for stamp in back if stamp != _UNHINTED]
-        if len(ages) < len(back):
-            self._victims_back += len(back) - len(ages)
-            self._wait = None
-        if ages:
-            self.proven(ages)
+        marks = [mark for mark in back if mark != _UNHINTED]
+        if len(marks) < len(back):
+            self._victims_back += len(back) - len(marks)
+            self._wait = [None, None]
+        if marks:
+            self.proven(marks)
 
     def clear(self) -> None:
         """Forget the evicted chunks (what was learned of the application stays)."""

@@ -81,6 +81,29 @@ def test_chunks_hinted_0_go_before_unhinted_ones() -> None:
     assert out is not None and set(out.evicted_keys) == {k(5), k(6)}
 
 
+@pytest.mark.parametrize("policy", policy_names())
+def test_a_zero_on_a_found_history_is_judged_apart_from_one_on_own_chunks(
+    policy: str,
+) -> None:
+    """Scenario: an application said 0 of a conversation's history (chunks its
+    request found in the tier) and was wrong: the next turn loaded them. A
+    second conversation's history is then hinted 0, and a one-shot document
+    after it stores its own chunks hinted 0. The next store evicts the
+    document's chunks, end first: the 0 on a found history waits, whatever the
+    document's 0 is believed on (one rate for both would send neither)."""
+    m = CPUOffloadingManager(7, policy, clock=Clock())
+    serve(m, [1, 2], hinted("c1-t1", None))
+    serve(m, [1, 2], hinted("c1-t2", 0))
+    assert m.hints_of(keys(1, 2)) == (0.0, 0.0)
+    serve(m, [1, 2, 3], hinted("c1-t3", None))  # the 0 was wrong
+    assert m.hints_of(keys(1, 2)) is None
+    serve(m, [10, 11], hinted("c2-t1", None))
+    serve(m, [10, 11], hinted("c2-t2", 0))
+    serve(m, [50, 51], hinted("doc", 0))
+    out = m.prepare_store(keys(60, 61), hinted("next", None))
+    assert out is not None and out.evicted_keys == (k(51), k(50))
+
+
 def test_an_expired_hint_counts_as_expired_unused_and_protects_nothing() -> None:
     clock = Clock()
     m = CPUOffloadingManager(4, "lru", max_hinted_share=1.0, clock=clock)

@@ -33,6 +33,7 @@ from kvoffload.tiers.primary.reuse_filter import ReuseFilter
 from kvoffload.tiers.primary.use_floor import UseFloor
 
 _NOTHING_TO_STORE = PrepareStoreOutput((), (), ())
+_NONE: frozenset[OffloadKey] = frozenset()
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -241,13 +242,14 @@ class CPUOffloadingManager(OffloadingManager):
         (`stored`, or what this tier remembers of the live request) change
         recency but do not count as reused. The request's retention hint
         covers them from now."""
-        if stored is None:
-            self._policy.touch(keys, self._stored_by_request.get(ctx.req_id, set()))
-        else:
-            self._policy.touch(keys, stored)
+        own = (
+            self._stored_by_request.get(ctx.req_id, _NONE) if stored is None else stored
+        )
+        self._policy.touch(keys, own)
         hint = ctx.params.retention_s
         if hint is not None and not self._policy.covers(keys, hint):
-            self._policy.retain(list(filter(self._slots.__contains__, keys)), hint)
+            present = list(filter(self._slots.__contains__, keys))
+            self._policy.retain(present, hint, own)
 
     def retain(self, keys: Sequence[OffloadKey], seconds: float) -> None:
         """Put resident `keys` under a retention hint of `seconds` from now, as a
