@@ -133,7 +133,8 @@ class ZeroHints:
         return len(keys)
 
     def pop(self, key: OffloadKey) -> int | None:
-        """Take `key` out; the `ZeroRun.mark` of its 0, or `None` if it had none."""
+        """Take `key` out; the `ZeroRun.mark` of its 0, or `None` if it had
+        none."""
         run = self.run_of.pop(key, None)
         if run is None:
             return None
@@ -187,8 +188,8 @@ class ZeroHints:
         keys: Sequence[OffloadKey],
         remove: Callable[[Sequence[OffloadKey]], None] | None = None,
     ) -> list[int]:
-        """Take out `keys` (all hinted 0), and `remove` them; the `ZeroRun.mark`s of
-        their 0s, in the order of `keys`."""
+        """Take out `keys` (all hinted 0), and `remove` them; the
+        `ZeroRun.mark`s of their 0s, in the order of `keys`."""
         if remove is not None:
             remove(keys)
         runs = list(map(self.run_of.pop, keys))

@@ -20,25 +20,25 @@ Both count what is asked for within about a turnover (the evicted chunks a tier
 remembers are its capacity's worth). A chunk hinted 0 is believed (goes first)
 from the first age at which such 0s have been asked for again no more often than
 the policy's victims, `r(a) <= v`; until then it ranks as unhinted, in the
-wrapped policy's order.
-
-`r` is learned apart for two kinds of 0 (`zero_hints.OWN`, `FOUND`): on a chunk
-the hinting request stored itself, and on one it found in the tier. A found
-chunk has been asked for before; where an application's 0s are sometimes wrong
-those are the ones proven wrong (a conversation's history is found at every
-turn), while its right 0s are mostly on chunks that no request found (a
-one-shot document, a last turn's own text). One rate for both lets the many
-right 0s vouch for the wrong ones (docs/policies.md, "Wrong 0s"). Where the tier is short of room its victims are often
+wrapped policy's order. Where the tier is short of room its victims are often
 asked for again and 0s that are right four times in five go first at once;
 where it holds nearly everything its victims are seldom wanted and an
 application's wrong 0s would be the tier's costliest evictions, so they wait.
 An application whose 0s are never proven wrong keeps the order of old.
 
+`r` is learned apart for two kinds of 0 (`zero_hints.OWN`, `FOUND`): on a chunk
+the hinting request stored itself, and on one it found in the tier. A found
+chunk has been asked for before; where an application's 0s are sometimes wrong,
+those are the ones proven wrong (a conversation's history is found at every
+turn), while its right 0s are mostly on chunks no request found (a one-shot
+document, a last turn's own text). One rate for both lets the many right 0s
+vouch for the wrong ones (docs/policies.md, "Wrong 0s, by kind").
+
 Memory: the evicted chunks remembered, at most the tier's capacity, and one
-counter per power of two of age and kind. Each operation costs a few dict operations
-per chunk evicted or hinted 0 (only while a chunk hinted 0 is resident); the
-age from which 0s are believed is recomputed (a few dozen steps) when a count
-has changed.
+counter per kind and power of two of age. Each operation costs a few dict
+operations per chunk evicted or hinted 0 (only while a chunk hinted 0 is
+resident); the age from which 0s of a kind are believed is recomputed (a few
+dozen steps) when a count has changed.
 """
 
 from __future__ import annotations
@@ -68,13 +68,14 @@ class ZeroTrust:
         this clock's advance since it was given."""
         self.gone: OrderedDict[OffloadKey, int] = OrderedDict()
         """Chunks evicted while a chunk hinted 0 was resident, oldest first, at
-        most `capacity` of them: with the `ZeroRun.mark` of their 0, or `_UNHINTED`.
-        A store of one of them is a chunk asked for again."""
+        most `capacity` of them: with the `ZeroRun.mark` of their 0, or
+        `_UNHINTED`. A store of one of them is a chunk asked for again."""
         self._window = WINDOW_TURNOVERS * self.capacity
         self._given = [0.0, 0.0]
         """Chunks hinted 0 lately, per kind."""
         self._proofs: tuple[list[float], list[float]] = ([], [])
-        """Chunks proven wrong by kind and age: entry `i` holds ages of `i` bits."""
+        """Chunks proven wrong, by kind and age: entry `i` of a kind holds ages
+        of `i` bits."""
         self._victims = 0.0
         self._victims_back = 0.0
         self._wait: list[int | None] = [0, 0]

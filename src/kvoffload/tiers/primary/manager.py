@@ -241,7 +241,8 @@ class CPUOffloadingManager(OffloadingManager):
         """Tell the policy the request used `keys`; the chunks it stored itself
         (`stored`, or what this tier remembers of the live request) change
         recency but do not count as reused. The request's retention hint
-        covers them from now."""
+        covers them from now (a 0 on those it stored is judged apart from a 0
+        on those it found)."""
         own = (
             self._stored_by_request.get(ctx.req_id, _NONE) if stored is None else stored
         )
