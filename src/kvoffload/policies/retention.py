@@ -28,8 +28,9 @@ call for call.
 The positive hints are `HintClaims` (hint_claims.py), what they are worth
 `HintWorth` (hint_worth.py), the 0s `ZeroHints` (zero_hints.py), what 0s are
 worth `ZeroTrust` (zero_trust.py) and where shared prefixes end
-`SharedPrefixes` (shared_prefixes.py); this class orders evictions over them. Hints are kept per run (a request's hint on the chunks of
-one store or touch), each chunk under one run of each kind at most.
+`SharedPrefixes` (shared_prefixes.py); this class orders evictions over them.
+Hints are kept per run (a request's hint on the chunks of one store or touch),
+each chunk under one run of each kind at most.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ class RetentionPolicy(EvictionPolicy):
         wrapped policy, which asked about each before giving up, tells), and the
         `need` evictable hinted ones first in the order of class 3. A 0 dated
         after `ripe` is not yet believed: it ranks as no hint."""
-        hinted, zero = self._hinted, self._zero_run
+        hinted, is_believed = self._hinted, self._zero.is_believed
         picked: set[OffloadKey] = set()
         if need > 0:
             self._hints.pick(need, evictable, picked)
@@ -353,8 +354,7 @@ class RetentionPolicy(EvictionPolicy):
                 return None
 
         def believed(key: OffloadKey) -> bool:
-            run = zero.get(key)
-            return run is not None and run.stamp <= ripe[run.kind]
+            return is_believed(key, ripe)
 
         def allowed(key: OffloadKey) -> bool:
             if believed(key) or (key in hinted and key not in picked):
