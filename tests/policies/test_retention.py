@@ -144,21 +144,52 @@ def test_covers_says_whether_a_retain_now_would_change_nothing() -> None:
     assert not policy.covers([k(1)], 60)
 
 
-def test_zero_leaves_another_requests_live_hint_and_a_load_ends_a_zero() -> None:
-    """Scenario: chunk 0 is held for 60 s by one request; another says 0 of it:
-    the hold stands. Chunk 1 is hinted 0, then loaded: the 0 was wrong, and it
-    is unhinted again (not first to go)."""
+def test_a_zero_ends_a_live_hint_and_a_load_ends_a_zero() -> None:
+    """Scenario: chunks 0-1 are held for 60 s by a conversation's turn; its
+    next turn loads them (the hint is honoured, once) and says 0 of 0-2. The
+    tier has seen no 0 proven wrong, so it believes the 0 at once: the latest
+    word stands, all three are hinted 0. Then chunk 1 is loaded: that 0
+    was wrong, and it is unhinted again (not first to go). A later 60 s hint
+    on chunk 2 ends its 0 as well: it goes last."""
     policy, _ = wrapped("lru")
-    for i in range(3):
+    for i in range(4):
         policy.insert(k(i))
-    policy.retain([k(0)], 60)
-    policy.retain([k(0), k(1)], 0)
-    assert policy.hint_of(k(0)) == 60 and policy.hint_of(k(1)) == 0.0
+    policy.retain([k(0), k(1)], 60)
+    assert policy.hint_of(k(0)) == 60
+    policy.note_hit([k(0), k(1)])
+    policy.note_hit([k(0)])
+    assert policy.counts.honoured == 2
+    policy.retain([k(0), k(1), k(2)], 0)
+    assert [policy.hint_of(k(i)) for i in range(3)] == [0.0, 0.0, 0.0]
     policy.note_hit([k(1)])
     assert policy.hint_of(k(1)) is None
-    policy.note_hit([k(0)])
-    policy.note_hit([k(0)])
-    assert policy.counts.honoured == 1
+    policy.retain([k(2)], 60)
+    assert policy.hint_of(k(2)) == 60
+    assert drain(policy) == [k(0), k(1), k(3), k(2)]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_a_zero_not_believed_at_once_leaves_an_earlier_hint_standing(
+    name: str,
+) -> None:
+    """Scenario: this application's 0s on found chunks have been wrong (0 and
+    1, found and said 0, were loaded again after two evictions). A turn holds
+    6 and 7 for 60 s; the next turn, which found them, says 0: a 0 on found
+    chunks is not believed at once here, so the earlier hint stands (had the 0
+    been wrong, it would have cost the next turn its history)."""
+    policy, _ = wrapped(name)
+    for i in range(8):
+        policy.insert(k(i))
+    found = [k(0), k(1)]
+    policy.retain(found, 0, stored=frozenset())
+    for i in (8, 9):
+        assert policy.evict(1, [k(i)], lambda key: key in (k(4), k(5))) is not None
+        policy.insert(k(i))
+    policy.note_hit(found)
+    policy.retain([k(6), k(7)], 60)
+    policy.retain([k(6), k(7)], 0, stored=frozenset())
+    assert [policy.hint_of(k(6)), policy.hint_of(k(7))] == [60, 60]
+    assert drain(policy)[-2:] == [k(7), k(6)]
 
 
 @pytest.mark.parametrize("name", policy_names())

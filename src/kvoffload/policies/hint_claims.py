@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvoffload.keys import OffloadKey
@@ -210,8 +210,8 @@ class HintClaims:
         if now >= self._latest:  # every chunk at the latest deadline left above
             self._at_latest.clear()
 
-    def forget(self, keys: Sequence[OffloadKey]) -> None:
-        """`keys` left the tier: their hints with them (not counted)."""
+    def forget(self, keys: Iterable[OffloadKey]) -> None:
+        """`keys` left the tier, or a 0 ended their hints (not counted)."""
         pop, at_latest = self.owner.pop, self._at_latest
         for key in keys:
             run = pop(key, None)

@@ -204,14 +204,21 @@ class RetentionPolicy(EvictionPolicy):
             return
         self._hinting = True
         if seconds <= 0:
-            # The prefix other requests share is not this one's to drop.
-            # Under no positive hint, in class 1 (believed once ripe,
+            # The prefix other requests share is not this one's to drop. Past
+            # it, the chunks are this request's conversation, and a positive
+            # hint on them promised the request that has now come: where the
+            # tier believes 0s on found chunks at once, the 0 is the latest
+            # word and ends that hint; where it does not (they are often
+            # wrong), the hint stands. In class 1 (believed once ripe,
             # `ZeroTrust`), dated by the eviction clock; a chunk hinted 0
             # already keeps its date.
             trust = self._trust
-            own, found = self._zero.add(
-                self._prefixes.past_shared(keys), trust.clock, self._hinted, stored
-            )
+            mine = self._prefixes.past_shared(keys)
+            held: Container[OffloadKey] = self._hinted
+            if held and trust.believed_at_once(FOUND):
+                self._hints.forget(self._hinted.keys() & mine)
+                held = ()
+            own, found = self._zero.add(mine, trust.clock, held, stored)
             if own:
                 trust.given(own, OWN)
             if found:

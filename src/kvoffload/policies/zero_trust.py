@@ -104,6 +104,10 @@ class ZeroTrust:
             found = wait[1] = self._first_believed_age(1)
         return self.clock - own, self.clock - found
 
+    def believed_at_once(self, kind: int) -> bool:
+        """Whether a 0 of `kind` given now is believed at once."""
+        return self.ripe()[kind] >= self.clock
+
     def _first_believed_age(self, kind: int) -> int:
         """The least age `a` with `r(a) <= v` for 0s of `kind` (ages in buckets
         of powers of two: `r` is read at their edges)."""
