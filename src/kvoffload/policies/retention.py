@@ -207,15 +207,15 @@ class RetentionPolicy(EvictionPolicy):
             # The prefix other requests share is not this one's to drop. Past
             # it, the chunks are this request's conversation, and a positive
             # hint on them promised the request that has now come: where the
-            # tier believes 0s on found chunks at once, the 0 is the latest
-            # word and ends that hint; where it does not (they are often
-            # wrong), the hint stands. In class 1 (believed once ripe,
-            # `ZeroTrust`), dated by the eviction clock; a chunk hinted 0
-            # already keeps its date.
+            # tier believes 0s on found chunks at once (on any chunk, for a
+            # caller that cannot tell), the 0 is the latest word and ends that
+            # hint; where it does not (they are often wrong), the hint stands.
+            # In class 1 (believed once ripe, `ZeroTrust`), dated by the
+            # eviction clock; a chunk hinted 0 already keeps its date.
             trust = self._trust
             mine = self._prefixes.past_shared(keys)
             held: Container[OffloadKey] = self._hinted
-            if held and trust.believed_at_once(FOUND):
+            if held and trust.believed_at_once(OWN if stored is None else FOUND):
                 self._hints.forget(self._hinted.keys() & mine)
                 held = ()
             own, found = self._zero.add(mine, trust.clock, held, stored)
