@@ -86,11 +86,6 @@ class ZeroHints:
         latest = self._latest
         return not self._queue or (latest[0] <= ripe[0] and latest[1] <= ripe[1])
 
-    def stamp(self, key: OffloadKey) -> int | None:
-        """The clock reading when `key` was hinted 0, or `None`."""
-        run = self.run_of.get(key)
-        return None if run is None else run.stamp
-
     def is_believed(self, key: OffloadKey, ripe: Ripe) -> bool:
         """Whether `key` is hinted 0 and dated at or before `ripe` of its kind."""
         run = self.run_of.get(key)
