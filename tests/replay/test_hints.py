@@ -219,3 +219,36 @@ def test_a_fleet_of_one_with_hints_is_the_single_engine_replay() -> None:
     assert (
         one.hit_chunks != run_fleet(w, "lru", 150, plain, FleetSettings(1)).hit_chunks
     )
+
+
+def test_several_modes_are_each_replayed_and_set_against_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--hints` given more than once replays each mode (each once), with the
+    same figures as one mode at a time, and the report sets each against
+    `none`: what hints are worth on this trace, in one command."""
+    oracle = _replay("oracle", capsys)
+    none = _replay("none", capsys)
+    argv = ["replay", "--workload", "synth-chat", "--limit", "1500", "--jobs", "1",
+            "--capacity-chunks", "300", "--policy", "lru", "--hints", "none",
+            "--hints", "oracle", "--hints", "none"]  # fmt: skip
+    assert kvoffload_main([*argv, "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ratios = {r.get("hints", "none"): r["hit_ratio"] for r in records
+              if r["policy"] == "lru"}  # fmt: skip
+    assert ratios == {"none": none, "oracle": oracle}
+    assert kvoffload_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "retention hints none, oracle" in " ".join(out.split())
+    table = out[out.index("change against none") :]
+    (row,) = [line.split() for line in table.splitlines() if line.startswith("lru")]
+    assert row[:4] == ["lru", "300", f"{none:.3f}", f"{oracle:.3f}"]
+    assert row[4] == f"({oracle - none:+.3f})"
+
+
+def test_a_fleet_replay_takes_one_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        kvoffload_main(["replay", "--workload", "synth-chat", "--engines", "2",
+                        "--hints", "none", "--hints", "oracle"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "one --hints mode" in capsys.readouterr().err

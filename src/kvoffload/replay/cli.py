@@ -48,6 +48,7 @@ from kvoffload.replay.generators import (
 )
 from kvoffload.replay.hints import (
     add_hint_arguments,
+    hint_modes,
     hint_settings,
     hint_title,
 )
@@ -238,6 +239,8 @@ def _check_conflicts(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--target-load applies to --time-scale auto only")
     if args.model is not None and args.kv_bytes_per_token is not None:
         parser.error("give --model or --kv-bytes-per-token, not both")
+    if len(hint_modes(args)) > 1 and is_fleet(args):
+        parser.error("a fleet replay takes one --hints mode")
 
 
 def _quiet_after_broken_pipe() -> int:
@@ -352,6 +355,7 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         print("\n".join(policy_names()))
         return 0
     check_requests(args, SYNTHETIC_WORKLOADS)
+    modes = hint_modes(args)  # (sets `args.hints`, the first, for a fleet)
     if is_fleet(args):
         from kvoffload.replay.fleet_cli import fleet_main  # it builds on this module
 
@@ -377,13 +381,14 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
                 offload_prompt_only=po,
                 time_model=tm,
                 **tier_settings(args),
-                **hint_settings(args, scale),
+                **hint_settings(args, scale, mode),
             ),
         )
         for capacity in host_capacities
         for policy in _policies(args)
         for threshold in args.store_threshold
         for po in prompt_only
+        for mode in modes
     ]
     runs[0].settings.validate(workload)
     with progress_for(args.progress, len(runs) * len(workload), len(runs)) as shown:
@@ -400,12 +405,12 @@ def replay_main(args: argparse.Namespace, console: Console | None = None) -> int
         f"({_size(runs[0].settings.chunk_bytes)}), device cache "
         f"{args.device_tokens:,} tokens, arrivals x{scale:.2f}"
     )
-    if args.hints.kind != "none":
-        title += f", {hint_title(args.hints)}"
+    if any(mode.kind != "none" for mode in modes):
+        title += f", {hint_title(modes)}"
     tables = [report.results_table(results, bel, inf, title)]
-    prompt_only_table = report.prompt_only_table(results)
-    if prompt_only_table is not None:
-        tables.append(prompt_only_table)
+    for extra in (report.prompt_only_table(results), report.hints_table(results)):
+        if extra is not None:
+            tables.append(extra)
     if any(r.tiers for r in results):
         tables += tiers_tables(results)
     if args.json:

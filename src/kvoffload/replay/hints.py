@@ -184,13 +184,16 @@ def add_hint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hints",
         type=parse_hint_mode,
-        default="none",  # argparse passes a string default through `type`
+        action="append",
+        dest="hint_modes",
         metavar="MODE",
         help="retention hints derived from the trace, as an application that "
         "knows its conversations would send them: none, oracle "
         "(seconds to the next turn), session:S (S while the conversation "
         "continues, 0 at its last turn), noisy:P[:S] (session's decision "
-        "flipped with probability P), all:S (every request claims S)",
+        "flipped with probability P), all:S (every request claims S); given "
+        "more than once, each mode is replayed, and with none among them a "
+        "table shows what each is worth (default: none)",
     )
     parser.add_argument(
         "--max-hinted-share",
@@ -202,10 +205,22 @@ def add_hint_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def hint_settings(args: argparse.Namespace, scale: float) -> dict[str, Any]:
+def hint_modes(args: argparse.Namespace) -> list[HintMode]:
+    """The modes `--hints` asked for, each once, in the order given (`none`
+    when it was not given); `args.hints` is set to the first."""
+    modes = list(dict.fromkeys(getattr(args, "hint_modes", None) or [NO_HINTS]))
+    args.hint_modes = modes
+    args.hints = modes[0]
+    return modes
+
+
+def hint_settings(
+    args: argparse.Namespace, scale: float, mode: HintMode | None = None
+) -> dict[str, Any]:
     """`ReplaySettings` keywords for the hint options, seconds stretched like
-    the arrivals."""
-    mode: HintMode = getattr(args, "hints", NO_HINTS)
+    the arrivals: `mode`, or the first `--hints` mode."""
+    if mode is None:
+        mode = getattr(args, "hints", NO_HINTS)
     out: dict[str, Any] = {"hints": _scaled(mode, scale)}
     share = getattr(args, "max_hinted_share", None)
     if share is not None:
@@ -217,13 +232,14 @@ def _scaled(mode: HintMode, scale: float) -> HintMode:
     return HintMode(mode.kind, mode.seconds, mode.flip, scale)
 
 
-def hint_title(mode: HintMode) -> str:
-    """What the report says of the mode that ran."""
-    if mode.kind == "none":
+def hint_title(mode: HintMode | Sequence[HintMode]) -> str:
+    """What the report says of the mode, or modes, that ran."""
+    modes = [mode] if isinstance(mode, HintMode) else list(mode)
+    if all(m.kind == "none" for m in modes):
         return "no retention hints"
     return (
-        f"retention hints {mode.label} (derived from the trace: what an "
-        "application that knows its conversations would send)"
+        f"retention hints {', '.join(m.label for m in modes)} (derived from the "
+        "trace: what an application that knows its conversations would send)"
     )
 
 

@@ -45,19 +45,25 @@ def results_table(
     )
     show_prompt_only = len({r.offload_prompt_only for r in results}) > 1
     show_device = any(r.device_tokens for r in results)
+    modes = _modes(results)
+    show_hints = len(modes) > 1
     headers = ["policy", "capacity"]
     headers += ["filter"] * show_filter + ["prompt\nonly"] * show_prompt_only
+    headers += ["hints"] * show_hints
     headers += ["hit\nratio", "token\nhit"] + ["device\nhits"] * show_device
     headers += ["stored", "loaded", "evicted", "TTFT\nmean s", "TTFT\np90 s"]
     rows: list[tuple[str, ...]] = []
     for r in sorted(
-        results, key=lambda r: (r.capacity_chunks, r.policy, r.store_threshold)
+        results,
+        key=lambda r: (r.capacity_chunks, r.policy, r.store_threshold, modes[r.hints]),
     ):
         row = [r.policy, f"{r.capacity_chunks:,}"]
         if show_filter:
             row.append(str(r.store_threshold) if r.store_threshold >= 2 else "-")
         if show_prompt_only:
             row.append("on" if r.offload_prompt_only else "off")
+        if show_hints:
+            row.append(r.hints)
         row += [f"{r.hit_ratio:.3f}", f"{r.token_hit_ratio:.3f}"]
         if show_device:
             row.append(f"{r.device_hit_chunks:,}")
@@ -69,8 +75,8 @@ def results_table(
             f"{r.p90_ttft_s:.3f}",
         ]
         rows.append(tuple(row))
-    pad = [""] * (len(headers) - 2 - show_filter - show_prompt_only - 1)
-    lead = ["-"] * (show_filter + show_prompt_only)
+    pad = [""] * (len(headers) - 2 - show_filter - show_prompt_only - show_hints - 1)
+    lead = ["-"] * (show_filter + show_prompt_only + show_hints)
     for capacity, result in sorted(belady.items()):
         rows.append(("belady", f"{capacity:,}", *lead, f"{result.hit_ratio:.3f}", *pad))
     if infinite is not None:
@@ -81,13 +87,12 @@ def results_table(
 def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     """offload_prompt_only on against off at each (policy, capacity, filter)
     replayed both ways: chunks written and hit ratio; None if none was."""
-    pairs: dict[tuple[str, int, int], dict[bool, ReplayResult]] = {}
+    pairs: dict[tuple[str, int, int, str], dict[bool, ReplayResult]] = {}
     for r in results:
-        pairs.setdefault((r.policy, r.capacity_chunks, r.store_threshold), {})[
-            r.offload_prompt_only
-        ] = r
+        key = (r.policy, r.capacity_chunks, r.store_threshold, r.hints)
+        pairs.setdefault(key, {})[r.offload_prompt_only] = r
     rows: list[tuple[str, ...]] = []
-    for (policy, capacity, _), pair in sorted(pairs.items()):
+    for (policy, capacity, *_), pair in sorted(pairs.items()):
         if True in pair and False in pair:
             on, off = pair[True], pair[False]
             saved = (
@@ -111,6 +116,55 @@ def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     return ReportTable(
         "offload_prompt_only: chunks written and hit ratio, on against off",
         headers,
+        tuple(rows),
+        keys=2,
+        left=1,
+    )
+
+
+BELOW = 0.005
+"""How far below the same replay without hints a mode's hit ratio may fall
+before `hints_table` marks it (the bar of issue 25)."""
+
+
+def _modes(results: Sequence[ReplayResult]) -> dict[str, int]:
+    """The hint modes that ran, in the order of the results (`--hints`)."""
+    return {mode: i for i, mode in enumerate(dict.fromkeys(r.hints for r in results))}
+
+
+def _setting(r: ReplayResult) -> tuple[str, int, int, bool]:
+    """What a replay ran besides its hints: policy, capacity, filter, prompt-only."""
+    return (r.policy, r.capacity_chunks, r.store_threshold, r.offload_prompt_only)
+
+
+def hints_table(results: Sequence[ReplayResult]) -> ReportTable | None:
+    """Each hint mode's hit ratio and its change against the same replay
+    without hints (a change below -`BELOW` marked `!`), at each (policy,
+    capacity, filter, prompt-only) replayed both with `none` and with another
+    mode; None if none was."""
+    modes = [m for m in _modes(results) if m != "none"]
+    runs = {(_setting(r), r.hints): r for r in results}
+    rows: list[tuple[str, ...]] = []
+    for key in sorted({k for k, _ in runs}, key=lambda k: (k[1], k[0], k[2], k[3])):
+        base = runs.get((key, "none"))
+        if base is None or not modes:
+            continue
+        row = [key[0], f"{key[1]:,}", f"{base.hit_ratio:.3f}"]
+        for mode in modes:
+            r = runs.get((key, mode))
+            if r is None:
+                row.append("")
+                continue
+            change = r.hit_ratio - base.hit_ratio
+            mark = " !" if change < -BELOW else ""
+            row.append(f"{r.hit_ratio:.3f} ({change:+.3f}){mark}")
+        rows.append(tuple(row))
+    if not rows:
+        return None
+    return ReportTable(
+        f"retention hints: hit ratio and change against none (! more than "
+        f"{BELOW:g} below)",
+        ("policy", "capacity", "none", *modes),
         tuple(rows),
         keys=2,
         left=1,
@@ -142,6 +196,8 @@ def plot(
         )
         if not r.offload_prompt_only:
             label += " (prompt-only off)"
+        if r.hints != "none":
+            label += f", hints {r.hints}"
         series.setdefault(label, []).append((r.capacity_chunks, r.hit_ratio))
     for label, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)
