@@ -4,6 +4,7 @@ the trace, labelled in the report, and with `none` every figure as before."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from kvoffload.cli import main as kvoffload_main
 from kvoffload.replay import load_mooncake
 from kvoffload.replay.fleet import FleetSettings, run_fleet
 from kvoffload.replay.hints import next_turn_gaps, parse_hint_mode
+from kvoffload.replay.report import hints_table
 from kvoffload.replay.runner import ReplaySettings, run_replay
 
 from .test_tiered_replay import BEFORE, FIELDS, small_chat
@@ -252,3 +254,26 @@ def test_a_fleet_replay_takes_one_mode(capsys: pytest.CaptureFixture[str]) -> No
                         "--hints", "none", "--hints", "oracle"])  # fmt: skip
     assert exit_info.value.code == 2
     assert "one --hints mode" in capsys.readouterr().err
+
+
+def test_the_table_marks_a_mode_more_than_0005_below_none() -> None:
+    """Each mode is set against `none` at the same settings (here two reuse
+    filters, so the table shows which), a fall past 0.005 marked `!`, a mode
+    not replayed at a setting left blank."""
+    base = run_replay(small_chat(200), "lru", 50, ReplaySettings(chunk_tokens=512))
+    filtered = replace(base, store_threshold=2)
+    results = [
+        replace(base, hit_ratio=0.300),
+        replace(base, hints="noisy:0.2:300", hit_ratio=0.294),
+        replace(base, hints="oracle", hit_ratio=0.296),
+        replace(filtered, hit_ratio=0.200),
+        replace(filtered, hints="oracle", hit_ratio=0.250),
+    ]
+    table = hints_table(results)
+    assert table is not None
+    assert table.headers == ("policy", "capacity", "filter", "none",
+                             "noisy:0.2:300", "oracle")  # fmt: skip
+    rows = {row[2]: row[3:] for row in table.rows}
+    assert rows["-"] == ("0.300", "0.294 (-0.006) !", "0.296 (-0.004)")
+    assert rows["2"] == ("0.200", "", "0.250 (+0.050)")
+    assert hints_table(results[:1]) is None  # no mode but none: no table

@@ -85,14 +85,16 @@ def results_table(
 
 
 def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
-    """offload_prompt_only on against off at each (policy, capacity, filter)
-    replayed both ways: chunks written and hit ratio; None if none was."""
+    """offload_prompt_only on against off at each (policy, capacity, filter,
+    hint mode) replayed both ways: chunks written and hit ratio; None if none
+    was."""
     pairs: dict[tuple[str, int, int, str], dict[bool, ReplayResult]] = {}
     for r in results:
         key = (r.policy, r.capacity_chunks, r.store_threshold, r.hints)
         pairs.setdefault(key, {})[r.offload_prompt_only] = r
+    show_hints = len(_modes(results)) > 1
     rows: list[tuple[str, ...]] = []
-    for (policy, capacity, *_), pair in sorted(pairs.items()):
+    for (policy, capacity, _, hints), pair in sorted(pairs.items()):
         if True in pair and False in pair:
             on, off = pair[True], pair[False]
             saved = (
@@ -102,6 +104,7 @@ def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
                 (
                     policy,
                     f"{capacity:,}",
+                    *[hints] * show_hints,
                     f"{on.chunks_stored:,}",
                     f"{off.chunks_stored:,}",
                     f"{saved:.0%}",
@@ -111,13 +114,14 @@ def prompt_only_table(results: Sequence[ReplayResult]) -> ReportTable | None:
             )
     if not rows:
         return None
-    headers = ("policy", "capacity", "written\non", "written\noff", "fewer\nwrites",
-               "hit ratio\non", "hit ratio\noff")  # fmt: skip
+    headers = ("policy", "capacity", *["hints"] * show_hints, "written\non",
+               "written\noff", "fewer\nwrites", "hit ratio\non",
+               "hit ratio\noff")  # fmt: skip
     return ReportTable(
         "offload_prompt_only: chunks written and hit ratio, on against off",
         headers,
         tuple(rows),
-        keys=2,
+        keys=2 + show_hints,
         left=1,
     )
 
@@ -144,12 +148,20 @@ def hints_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     mode; None if none was."""
     modes = [m for m in _modes(results) if m != "none"]
     runs = {(_setting(r), r.hints): r for r in results}
+    settings = {k for k, _ in runs}
+    show_filter = len({k[2] for k in settings}) > 1
+    show_prompt_only = len({k[3] for k in settings}) > 1
     rows: list[tuple[str, ...]] = []
-    for key in sorted({k for k, _ in runs}, key=lambda k: (k[1], k[0], k[2], k[3])):
+    for key in sorted(settings, key=lambda k: (k[1], k[0], k[2], not k[3])):
         base = runs.get((key, "none"))
         if base is None or not modes:
             continue
-        row = [key[0], f"{key[1]:,}", f"{base.hit_ratio:.3f}"]
+        row = [key[0], f"{key[1]:,}"]
+        if show_filter:
+            row.append(str(key[2]) if key[2] >= 2 else "-")
+        if show_prompt_only:
+            row.append("on" if key[3] else "off")
+        row.append(f"{base.hit_ratio:.3f}")
         for mode in modes:
             r = runs.get((key, mode))
             if r is None:
@@ -164,9 +176,16 @@ def hints_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     return ReportTable(
         f"retention hints: hit ratio and change against none (! more than "
         f"{BELOW:g} below)",
-        ("policy", "capacity", "none", *modes),
+        (
+            "policy",
+            "capacity",
+            *["filter"] * show_filter,
+            *["prompt\nonly"] * show_prompt_only,
+            "none",
+            *modes,
+        ),
         tuple(rows),
-        keys=2,
+        keys=2 + show_filter + show_prompt_only,
         left=1,
     )
 
