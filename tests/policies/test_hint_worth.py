@@ -144,29 +144,3 @@ def test_a_scan_notes_only_the_held_keys_it_reads_past() -> None:
     assert not refusing(k(92))
     assert passed == held
     assert first_evictable(keys, 5, refusing) == [k(1), k(2), k(3)]
-
-
-def test_hints_the_bound_cut_that_come_back_as_they_said_keep_their_room() -> None:
-    """Scenario: an application whose hints are all right claims more than the
-    bound. Ten chunks are held 1,000 s at the cold end; ten more, claimed for
-    2,000 s, are past the bound and stop counting (the longest go first).
-    Every store reads past the hinted ten and evicts one of the cut ones,
-    which comes back well before its 2,000 s: the hint said so. The room
-    stays at the bound (the first scenario's plain victims shrink it to the
-    floor), and the next claims are held in full."""
-    clock = Clock()
-    policy = RetentionPolicy(create_policy("lru", 20), clock, 0.5)
-    policy.insert_many(HINTED)
-    policy.retain(HINTED, 1000)
-    policy.insert_many(UNHINTED)
-    policy.retain(UNHINTED, 2000)  # past the bound: these stop counting
-    assert policy.num_hinted() == 10
-    assert all(policy.hint_of(key) is None for key in UNHINTED)
-    for _ in range(8):
-        clock.now += 1
-        victim = evict_one(policy)
-        assert victim in UNHINTED
-        policy.insert(victim)  # back by its hint's deadline
-    assert policy.hint_room == 10
-    claim_again(policy, clock)
-    assert policy.num_hinted() == 10

@@ -19,10 +19,7 @@ ghosts would have had:
   said), is a hit a larger room would have kept;
 - against them: the chunks the policy gave up in an eviction whose scan read
   past hinted ones are remembered, as many as the hints hold; a store of one
-  again is a hit the room the hints took would have kept. Not so for a victim
-  whose own hint the room's limit had cut (at the bound too) and that comes
-  back by that hint's deadline: the hint was right, and counting it against
-  the room would let perfect hints cut at the bound shrink their own room.
+  again is a hit the room the hints took would have kept.
 
 Each counts one chunk of room: a credit raises the share hints may hold, a
 debit lowers it, between `FLOOR` of the bound (the hints keep enough room to
@@ -36,15 +33,13 @@ lowered early (victims come back within a store or two, hinted chunks at
 their conversation's next turn) could not earn itself back, the chunks it no
 longer holds never being read past under a hint.
 
-Memory: at most as many remembered victims as chunks under a hint, twice at
-most the bound's worth of chunks whose hint stopped counting (those cut, and
-those lost below the bound), and a set of the hinted
+Memory: at most as many remembered victims as chunks under a hint, at most the
+bound's worth of chunks whose hint stopped counting, and a set of the hinted
 chunks a scan read past (trimmed to those still hinted past twice the bound).
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Collection, Container, Iterable, Sequence
 
@@ -72,10 +67,6 @@ class HintWorth:
         """Chunks whose hint stopped counting while the room was below the
         bound, with the hint's deadline, oldest first, at most `bound` of them
         (read, never written, outside)."""
-        self.cut: OrderedDict[OffloadKey, float] = OrderedDict()
-        """Chunks whose hint stopped counting at the room's limit (at the bound
-        too), with the hint's deadline, oldest first, at most `bound` of them
-        (read, never written, outside)."""
         self.rescued: set[OffloadKey] = set()
         """Hinted chunks an eviction scan read past (some since left their
         hint: they are looked up in the hinted chunks when loaded)."""
@@ -89,7 +80,6 @@ class HintWorth:
         """Forget the chunks (what was learned of the hints stays)."""
         self.victims.clear()
         self.lost.clear()
-        self.cut.clear()
         self.rescued.clear()
 
     def passed(
@@ -111,15 +101,8 @@ class HintWorth:
 
     def dropped(self, keys: Iterable[OffloadKey], due: float) -> None:
         """The hint on `keys`, due at `due`, stopped counting at the room's
-        limit: remembered as cut (whatever the limit), and as lost while that
-        limit is below the bound (a drop at the bound itself is the cap the
-        application is held to, not a measure)."""
-        keys = list(keys)
-        cut = self.cut
-        for key in keys:
-            cut[key] = due
-        for _ in range(len(cut) - self.bound):
-            cut.popitem(False)  # the oldest
+        limit: remembered while that limit is below the bound (a drop at the
+        bound itself is the cap the application is held to, not a measure)."""
         if self._share >= self.bound:
             return
         lost = self.lost
@@ -155,12 +138,7 @@ class HintWorth:
         if back:
             for key in back:
                 del remembered[key]
-            # A victim whose hint the limit had cut, back by that hint's
-            # deadline, proves the hint right, not the room too large: no debit
-            # (else perfect hints cut at the bound shrink their own room).
-            pop = self.cut.pop
-            debits = sum(1 for key in back if pop(key, -math.inf) < now)
-            self._share = max(self._floor, self._share - debits)
+            self._share = max(self._floor, self._share - len(back))
         return self._share != share
 
     def loaded(self, keys: Sequence[OffloadKey], hinted: Container[OffloadKey]) -> bool:
