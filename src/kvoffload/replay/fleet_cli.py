@@ -135,7 +135,7 @@ def fleet_main(args: argparse.Namespace, console: Console) -> int:
         f"infinite-cache hit ratio {inf.hit_ratio:.3f}"
     )
     if args.hints.kind != "none":
-        title += f"; {hint_title(args.hints)}"
+        title += f"; {hint_title([args.hints])}"
     tables = fleet_tables(results, title)
     records = [r.as_json() for r in results]
     records.append(report.offline_json("infinite", workload.name, None, inf))

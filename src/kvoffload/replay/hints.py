@@ -232,9 +232,8 @@ def _scaled(mode: HintMode, scale: float) -> HintMode:
     return HintMode(mode.kind, mode.seconds, mode.flip, scale)
 
 
-def hint_title(mode: HintMode | Sequence[HintMode]) -> str:
-    """What the report says of the mode, or modes, that ran."""
-    modes = [mode] if isinstance(mode, HintMode) else list(mode)
+def hint_title(modes: Sequence[HintMode]) -> str:
+    """What the report says of the modes that ran."""
     if all(m.kind == "none" for m in modes):
         return "no retention hints"
     return (

@@ -59,9 +59,9 @@ def results_table(
     ):
         row = [r.policy, f"{r.capacity_chunks:,}"]
         if show_filter:
-            row.append(str(r.store_threshold) if r.store_threshold >= 2 else "-")
+            row.append(_filter_cell(r.store_threshold))
         if show_prompt_only:
-            row.append("on" if r.offload_prompt_only else "off")
+            row.append(_on_off(r.offload_prompt_only))
         if show_hints:
             row.append(r.hints)
         row += [f"{r.hit_ratio:.3f}", f"{r.token_hit_ratio:.3f}"]
@@ -131,6 +131,15 @@ BELOW = 0.005
 before `hints_table` marks it (the bar of issue 25)."""
 
 
+def _filter_cell(threshold: int) -> str:
+    """A reuse filter as the tables show it: its threshold, or `-` for none."""
+    return str(threshold) if threshold >= 2 else "-"
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
 def _modes(results: Sequence[ReplayResult]) -> dict[str, int]:
     """The hint modes that ran, in the order of the results (`--hints`)."""
     return {mode: i for i, mode in enumerate(dict.fromkeys(r.hints for r in results))}
@@ -147,6 +156,8 @@ def hints_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     capacity, filter, prompt-only) replayed both with `none` and with another
     mode; None if none was."""
     modes = [m for m in _modes(results) if m != "none"]
+    if not modes:
+        return None
     runs = {(_setting(r), r.hints): r for r in results}
     settings = {k for k, _ in runs}
     show_filter = len({k[2] for k in settings}) > 1
@@ -154,13 +165,13 @@ def hints_table(results: Sequence[ReplayResult]) -> ReportTable | None:
     rows: list[tuple[str, ...]] = []
     for key in sorted(settings, key=lambda k: (k[1], k[0], k[2], not k[3])):
         base = runs.get((key, "none"))
-        if base is None or not modes:
+        if base is None:
             continue
         row = [key[0], f"{key[1]:,}"]
         if show_filter:
-            row.append(str(key[2]) if key[2] >= 2 else "-")
+            row.append(_filter_cell(key[2]))
         if show_prompt_only:
-            row.append("on" if key[3] else "off")
+            row.append(_on_off(key[3]))
         row.append(f"{base.hit_ratio:.3f}")
         for mode in modes:
             r = runs.get((key, mode))
