@@ -76,6 +76,26 @@ def test_manager_benchmark_with_hints_times_each_policy_against_itself(
     assert plain and all("hints" not in r for r in plain)
 
 
+def test_manager_benchmark_floor_runs_the_bare_classes_beside_the_product(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--floor` adds the bare classes (`bench.hint_floor`), timed against the
+    same policy without hints; without `--hints` it is a usage error."""
+    trace = _trace(tmp_path / "t.jsonl")
+    argv = ["manager", "--trace", str(trace), "--capacity", "8", "--repeat", "2",
+            "--policy", "lru", "--hints", "session:300", "--floor", "--json"]  # fmt: skip
+    assert bench_main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    floor = [r for r in records if r["implementation"] == "+floor"]
+    assert len(floor) == 1 and floor[0]["hints"] == "session:300"
+    median, low, high = floor[0]["time_vs_no_hints_rounds"]
+    assert 0 < low <= median <= high
+    with pytest.raises(SystemExit) as raised:
+        bench_main([*argv[:-4], "--floor"])
+    assert raised.value.code == 2
+    assert "--floor needs --hints" in capsys.readouterr().err
+
+
 def test_unknown_benchmark_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main(["nope"]) == 2
     assert "usage" in capsys.readouterr().out

@@ -63,9 +63,8 @@ def test_zero_hints_keep_the_order_of_a_table_of_chunks_hinted_0(
             assert zero.take(taken) == [mark(*model.pop(key)) for key in taken]
             if zero.all_believed(ripe):
                 assert all(at <= ripe[of] for at, of in model.values())
-        assert {key: run.mark for key, run in zero.run_of.items()} == {
-            key: mark(*entry) for key, entry in model.items()
-        }
+        assert zero.marks == {key: mark(*entry) for key, entry in model.items()}
+        assert list(zero.marks) == list(model)
         assert list(zero.believed((clock, clock))) == list(model)
 
 

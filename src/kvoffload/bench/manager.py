@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvoffload.bench.hint_floor import BareHints
 from kvoffload.keys import OffloadKey, make_offload_key
+from kvoffload.policies.retention import RetentionPolicy
 from kvoffload.replay.hints import NO_HINTS, HintMode, parse_hint_mode
 from kvoffload.replay.mooncake import load_mooncake
 from kvoffload.replay.workload import Workload
@@ -56,6 +58,8 @@ Hinted = tuple[Sequence[float], Sequence[float | None]]
 VLLM_POLICIES = ("lru", "arc")  # what vLLM's manager offers
 HINTED = "+hints"
 """The implementation name of kvoffload's manager with hints on."""
+FLOOR = "+floor"
+"""The implementation name of the bare classes (`hint_floor.BareHints`)."""
 
 
 @dataclass(frozen=True)
@@ -119,14 +123,18 @@ def run_ours(
     hinted: Hinted | None = None,
     *,
     collect: bool = True,
+    retention: type[RetentionPolicy] = RetentionPolicy,
 ) -> tuple[int, float]:
     """Hits and seconds of `stream` through kvoffload's manager; with `hinted`,
     each request carries its hint and the clock reads its arrival. `collect`
     runs the garbage collector first, so that no run pays for another's
-    garbage (a second or more in a process holding much, such as pytest's)."""
+    garbage (a second or more in a process holding much, such as pytest's).
+    `retention`: the class that honours the hints (`BareHints` for the floor)."""
     arrivals: Sequence[float] = [0.0] * len(stream)
     now = [0.0]
-    manager = CPUOffloadingManager(capacity, policy, clock=lambda: now[0])
+    manager = CPUOffloadingManager(
+        capacity, policy, clock=lambda: now[0], retention=retention
+    )
     if hinted is None:
         contexts = [ReqContext(req_id) for req_id, _ in stream]
     else:
@@ -201,12 +209,17 @@ def measure(
     capacities: Sequence[int],
     repeat: int,
     hinted: Hinted | None = None,
+    floor: bool = False,
 ) -> list[Measurement]:
     runners: dict[str, Callable[[Stream, str, int], tuple[int, float]]] = {
         "kvoffload": run_ours
     }
     if hinted is not None:
         runners[HINTED] = lambda s, p, c: run_ours(s, p, c, hinted)
+        if floor:
+            runners[FLOOR] = lambda s, p, c: run_ours(
+                s, p, c, hinted, retention=BareHints
+            )
     theirs = vllm_runner()
     if theirs is not None:
         runners["vllm"] = theirs
@@ -253,18 +266,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run each policy with the retention hints this mode derives "
         "from the trace (as `kvoffload replay --hints`)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --hints, also run the bare classes (bench/hint_floor.py): "
+        "what any implementation of them costs",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not args.trace.exists():
         parser.error(f"trace not found: {args.trace} (pass --trace)")
+    if args.floor and args.hints == NO_HINTS:
+        parser.error("--floor needs --hints MODE")
     stream, hinted = build_stream(args.trace, args.limit, args.hints)
     results = measure(
-        stream, args.policy or ["lru", "arc"], args.capacity, args.repeat, hinted
+        stream,
+        args.policy or ["lru", "arc"],
+        args.capacity,
+        args.repeat,
+        hinted,
+        args.floor,
     )
     by_key = {(m.implementation, m.policy, m.capacity): m for m in results}
 
     def unhinted(m: Measurement) -> Measurement | None:
-        if m.implementation != HINTED:
+        if m.implementation not in (HINTED, FLOOR):
             return None
         return by_key.get(("kvoffload", m.policy, m.capacity))
 
@@ -319,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if hinted is not None:
         print(f"{HINTED}: kvoffload with retention hints {args.hints.label}")
+    if args.floor:
+        print(
+            f"{FLOOR}: the same hints through their bare classes, nothing learned "
+            "(bench/hint_floor.py): a floor, not the product"
+        )
     if "vllm" not in {m.implementation for m in results}:
         print("vLLM is not installed: no comparison")
     return 0

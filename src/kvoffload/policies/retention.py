@@ -119,7 +119,7 @@ class RetentionPolicy(EvictionPolicy):
         self._zero = ZeroHints()
         """Chunks hinted 0, oldest first (a positive hint takes a chunk out),
         with `ZeroTrust.clock` when hinted: believed once it is `ripe`."""
-        self._zero_run = self._zero.run_of
+        self._zero_marks = self._zero.marks
         self._trust = ZeroTrust(inner.capacity)
         self._gone = self._trust.gone
         """The chunks evicted under a 0 (`ZeroTrust`): empty unless 0s are sent."""
@@ -149,7 +149,7 @@ class RetentionPolicy(EvictionPolicy):
 
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
-        if self._hinted or self._zero_run:
+        if self._hinted or self._zero_marks:
             self._hints.forget((key,))
             self._zero.pop(key)
 
@@ -188,7 +188,7 @@ class RetentionPolicy(EvictionPolicy):
     @property
     def active(self) -> bool:
         """Whether any chunk is under a hint (positive or 0)."""
-        return bool(self._hinted or self._zero_run)
+        return bool(self._hinted or self._zero_marks)
 
     def retain(
         self,
@@ -225,7 +225,7 @@ class RetentionPolicy(EvictionPolicy):
                 trust.given(found, FOUND)
             return
         claimed = self._hints.claim(keys, seconds)
-        if self._zero_run and claimed:
+        if self._zero_marks and claimed:
             self._zero.pop_many(claimed)
 
     def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
@@ -238,7 +238,7 @@ class RetentionPolicy(EvictionPolicy):
         """`keys` were loaded for a request: hints honoured, and 0s proven wrong."""
         if self._lost:
             self._worth.survived(keys)
-        if not self._hinted and not self._zero_run:
+        if not self._hinted and not self._zero_marks:
             return
         self._hints.expire(self._clock())
         if self._hinted:
@@ -246,7 +246,7 @@ class RetentionPolicy(EvictionPolicy):
             worth = self._worth
             if worth.rescued and worth.loaded(keys, self._hinted):
                 self._hints.limit = worth.limit
-        if self._zero_run:
+        if self._zero_marks:
             wrong = self._zero.pop_many(keys)
             if wrong:
                 self._trust.proven(wrong)
@@ -258,7 +258,7 @@ class RetentionPolicy(EvictionPolicy):
         if run is not None:
             left = run.due - self._clock()
             return left if left > 0 else None
-        return 0.0 if key in self._zero_run else None
+        return 0.0 if key in self._zero_marks else None
 
     def zero_believed(self, key: OffloadKey) -> bool:
         """Whether `key` is hinted 0 and the 0 is believed now: it goes first
@@ -286,10 +286,10 @@ class RetentionPolicy(EvictionPolicy):
     def evict(
         self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
     ) -> list[OffloadKey] | None:
-        if n <= 0 or (not self._hinted and not self._zero_run):
+        if n <= 0 or (not self._hinted and not self._zero_marks):
             return self.inner.evict(n, incoming, evictable)
         self._hints.expire(self._clock())
-        hinted, zero = self._hinted, self._zero_run
+        hinted, zero = self._hinted, self._zero_marks
         ripe = self._trust.ripe() if zero else (0, 0)
         taken = self._zero.first_evictable(n, ripe, evictable) if zero else []
         rest = n - len(taken)
@@ -307,8 +307,8 @@ class RetentionPolicy(EvictionPolicy):
         else:
             # A 0 is refused only once believed (one not yet ranks as no hint).
             def accept(key: OffloadKey) -> bool:
-                run = zero.get(key)
-                return (run is None or run.stamp > ripe[run.kind]) and evictable(key)
+                mark = zero.get(key)
+                return (mark is None or mark >> 1 > ripe[mark & 1]) and evictable(key)
 
             unhinted = Refusing([], accept, tally, watched)
         got = self.inner.evict(rest, incoming, unhinted)
@@ -334,9 +334,9 @@ class RetentionPolicy(EvictionPolicy):
         zero = self._zero
         # (`taken` are hinted 0 only: not under a deadline.)
         marks = zero.take(taken, self.inner.remove_many)
-        victims = list(filterfalse(self._zero_run.__contains__, got))
+        victims = list(filterfalse(self._zero_marks.__contains__, got))
         if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
-            unripe = [key for key in got if key in self._zero_run]
+            unripe = [key for key in got if key in self._zero_marks]
             taken = taken + unripe
             marks += zero.take(unripe)
         self._trust.evicted(taken, marks, victims)

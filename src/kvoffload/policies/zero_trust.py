@@ -55,7 +55,7 @@ victims (older counts are halved away): recent enough to follow an
 application that changes, long enough that most have met their next turn."""
 _UNHINTED = -1
 """What `ZeroTrust.gone` holds for a victim under no hint (a 0 holds its
-`ZeroRun.mark`, >= 0)."""
+mark, `zero_hints.mark_of`, >= 0)."""
 
 
 class ZeroTrust:
@@ -68,8 +68,9 @@ class ZeroTrust:
         this clock's advance since it was given."""
         self.gone: OrderedDict[OffloadKey, int] = OrderedDict()
         """Chunks evicted while a chunk hinted 0 was resident, oldest first, at
-        most `capacity` of them: with the `ZeroRun.mark` of their 0, or
-        `_UNHINTED`. A store of one of them is a chunk asked for again."""
+        most `capacity` of them: with the mark of their 0
+        (`zero_hints.mark_of`), or `_UNHINTED`. A store of one of them is a
+        chunk asked for again."""
         self._window = WINDOW_TURNOVERS * self.capacity
         self._given = [0.0, 0.0]
         """Chunks hinted 0 lately, per kind."""
@@ -134,7 +135,8 @@ class ZeroTrust:
         self._wait[kind] = None
 
     def proven(self, marks: Iterable[int]) -> None:
-        """Chunks hinted 0 were asked for again (their 0s' `ZeroRun.mark`s)."""
+        """Chunks hinted 0 were asked for again (their 0s' marks,
+        `zero_hints.mark_of`)."""
         clock, wait = self.clock, self._wait
         for mark in marks:
             kind = mark & 1
@@ -151,7 +153,7 @@ class ZeroTrust:
         marks: Sequence[int],
         unhinted: Sequence[OffloadKey],
     ) -> None:
-        """Chunks hinted 0 (`marks`: their 0s' `ZeroRun.mark`) and the
+        """Chunks hinted 0 (`marks`: their 0s', `zero_hints.mark_of`) and the
         policy's unhinted victims (distinct keys, none remembered) left:
         remember them (bounded) and advance the clock."""
         gone = self.gone

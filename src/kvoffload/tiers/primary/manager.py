@@ -63,7 +63,9 @@ class CPUOffloadingManager(OffloadingManager):
     Retention hints (`kv_retention_s`) order evictions over the policy's own
     (`RetentionPolicy`): a request's hint covers the chunks it stores, and those
     it touches (its prefix) from then on; a promoted chunk keeps the hint it had
-    in the tier it came from (`retain`). `clock` dates them.
+    in the tier it came from (`retain`). `clock` dates them; `retention` is
+    the class that wraps the policy (a benchmark swaps in a bare one,
+    `bench.hint_floor`).
 
     Slots named to `reset_cache` as busy are *held*: neither occupied nor free,
     never handed out, until `release_slots` releases them as many times as they
@@ -82,11 +84,13 @@ class CPUOffloadingManager(OffloadingManager):
         enable_events: bool = False,
         max_hinted_share: float = DEFAULT_MAX_HINTED_SHARE,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        retention: type[RetentionPolicy] = RetentionPolicy,
     ) -> None:
         if not is_count(num_chunks, 1):
             raise ValueError(f"num_chunks must be an int >= 1, got {shown(num_chunks)}")
         self._num_chunks = num_chunks
-        self._policy = RetentionPolicy(
+        self._policy = retention(
             create_policy(eviction_policy, num_chunks), clock, max_hinted_share
         )
         self._filter = ReuseFilter(store_threshold, max_tracker_size)

@@ -1,0 +1,176 @@
+"""A floor for the cost of retention hints: their three classes and nothing more.
+
+`BareHints` orders evictions as `RetentionPolicy` does in its plainest reading
+(docs/policies.md, "Retention hints"): chunks hinted 0 first (every 0 believed
+at once, oldest hint first, a hint's chunks from its end back), then the
+wrapped policy's own order, then the chunks under an unexpired positive hint;
+an expired hint is no hint, and past the bound the oldest claims stop
+counting. It learns nothing (no `ZeroTrust`, no `HintWorth`, no shared
+prefixes, no per-run counters), keeps one deadline per chunk (a later claim
+overwrites it, shorter or not) and does its bookkeeping in bulk in C wherever
+CPython allows: a claim is one `dict.update`, the chunks hinted 0 are a dict
+whose order is the order they go in.
+
+It is a measure, not a product: `python -m kvoffload.bench manager --hints MODE
+--floor` runs it beside the real thing, so that the manager's cost with hints
+can be read against what any implementation of the classes costs in CPython,
+not only against the same policy without them (docs/benchmarks.md, "Manager
+with retention hints").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Container, Iterable, Sequence, Set
+from itertools import islice
+
+from kvoffload.keys import OffloadKey
+from kvoffload.policies.base import Evictable, EvictionPolicy, Refusing
+from kvoffload.policies.hint_claims import Clock
+from kvoffload.policies.retention import RetentionPolicy
+
+
+class BareHints(RetentionPolicy):
+    """The classes of `RetentionPolicy` over `inner`, without what it learns.
+
+    A subclass only so that a manager can hold it where it holds the real
+    one; none of the parent's state is used after construction."""
+
+    def __init__(
+        self, inner: EvictionPolicy, clock: Clock, max_hinted_share: float
+    ) -> None:
+        super().__init__(inner, clock, max_hinted_share)
+        self._limit = math.floor(max_hinted_share * inner.capacity)
+        self._due: dict[OffloadKey, float] = {}
+        """Chunks under a positive hint, with its deadline."""
+        self._zeros: dict[OffloadKey, None] = {}
+        """Chunks hinted 0, in the order they go."""
+        self._queue: list[tuple[float, int, Sequence[OffloadKey]]] = []
+        """Claims by deadline: what expires, and what stops counting first."""
+        self._seq = 0
+        self._latest = -math.inf
+        self._at_latest: set[OffloadKey] = set()
+
+    # -- the wrapped policy, called straight through ----------------------------
+
+    def insert_many(self, keys: Sequence[OffloadKey]) -> None:
+        self.inner.insert_many(keys)
+
+    def remove(self, key: OffloadKey) -> None:
+        self.inner.remove(key)
+        self._due.pop(key, None)
+        self._zeros.pop(key, None)
+
+    def touch(
+        self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
+    ) -> None:
+        self.inner.touch(keys, new)
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self._due.clear()
+        self._zeros.clear()
+        self._queue.clear()
+        self._at_latest.clear()
+
+    # -- hints -------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return bool(self._due or self._zeros)
+
+    def num_hinted(self) -> int:
+        return len(self._due)
+
+    @property
+    def hint_room(self) -> int:
+        return self._limit
+
+    def hint_of(self, key: OffloadKey) -> float | None:
+        due = self._due.get(key)
+        if due is not None:
+            return max(0.0, due - self._clock())
+        return 0.0 if key in self._zeros else None
+
+    def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
+        return (
+            seconds > 0
+            and self._clock() + seconds == self._latest
+            and self._at_latest.issuperset(keys)
+        )
+
+    def retain(
+        self,
+        keys: Sequence[OffloadKey],
+        seconds: float,
+        stored: Container[OffloadKey] | None = None,
+    ) -> None:
+        if not keys:
+            return
+        due, zeros = self._due, self._zeros
+        if seconds <= 0:
+            fresh = [key for key in keys if key not in zeros and key not in due]
+            fresh.reverse()  # a hint's chunks from its end back
+            zeros.update(dict.fromkeys(fresh))
+            return
+        deadline = self._clock() + seconds
+        if deadline > self._latest:
+            self._latest = deadline
+            self._at_latest = set(keys)
+        else:
+            self._at_latest.update(keys)
+        due.update(dict.fromkeys(keys, deadline))
+        if zeros:
+            for key in zeros.keys() & keys:
+                del zeros[key]
+        heapq.heappush(self._queue, (deadline, self._seq, keys))
+        self._seq += 1
+        while len(due) > self._limit and self._queue:
+            self._end_claim()
+
+    def _end_claim(self) -> None:
+        """The first claim in the queue stops counting."""
+        deadline, _, keys = heapq.heappop(self._queue)
+        due = self._due
+        for key in keys:
+            if due.get(key) == deadline:
+                del due[key]
+
+    def note_hit(self, keys: Sequence[OffloadKey]) -> None:
+        zeros = self._zeros
+        if zeros:
+            for key in zeros.keys() & keys:
+                del zeros[key]
+
+    def evict(
+        self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
+    ) -> list[OffloadKey] | None:
+        due, zeros = self._due, self._zeros
+        if n <= 0 or (not due and not zeros):
+            return self.inner.evict(n, incoming, evictable)
+        queue, now = self._queue, self._clock()
+        while queue and queue[0][0] <= now:
+            self._end_claim()
+        taken = list(islice(filter(evictable, zeros), n)) if zeros else []
+        rest = n - len(taken)
+        refused: list[Container[OffloadKey]] = [zeros, due] if due else [zeros]
+        got = self.inner.evict(rest, incoming, Refusing(refused, evictable))
+        if got is None:
+            # Class 3, in the wrapped policy's order (not the longest first).
+            got = self.inner.evict(rest, incoming, Refusing([zeros], evictable))
+            if got is None:
+                return None
+            _forget(due, got)
+        if taken:
+            self.inner.remove_many(taken)
+            _forget(zeros, taken)
+        return taken + got
+
+
+def _forget(
+    table: dict[OffloadKey, float] | dict[OffloadKey, None],
+    keys: Iterable[OffloadKey],
+) -> None:
+    for key in keys:
+        table.pop(key, None)
