@@ -7,24 +7,14 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.bench.hint_floor import BareHints
-from kvoffload.keys import OffloadKey
 from kvoffload.policies import create_policy, policy_names
 
-from ..policies.support import Clock, always, k
+from ..policies.support import Clock, always, drain, k
 
 
 def bare(name: str, capacity: int = 8, share: float = 1.0) -> tuple[BareHints, Clock]:
     clock = Clock()
     return BareHints(create_policy(name, capacity), clock, share), clock
-
-
-def drain(policy: BareHints) -> list[OffloadKey]:
-    order: list[OffloadKey] = []
-    while len(policy):
-        victims = policy.evict(1, [], always)
-        assert victims is not None
-        order += victims
-    return order
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -12,7 +12,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies import StopEviction, create_policy, policy_names
 from kvoffload.policies.retention import RetentionPolicy, check_max_hinted_share
 
-from .support import Clock, always, k
+from .support import Clock, always, drain, k
 
 
 def wrapped(
@@ -20,16 +20,6 @@ def wrapped(
 ) -> tuple[RetentionPolicy, Clock]:
     clock = Clock()
     return RetentionPolicy(create_policy(name, capacity), clock, share), clock
-
-
-def drain(policy: RetentionPolicy) -> list[OffloadKey]:
-    """Every chunk, in the order `evict(1)` gives them up."""
-    order: list[OffloadKey] = []
-    while len(policy):
-        victims = policy.evict(1, [], always)
-        assert victims is not None
-        order += victims
-    return order
 
 
 @pytest.mark.parametrize("name", policy_names())
