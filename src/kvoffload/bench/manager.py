@@ -18,10 +18,12 @@ With `--hints MODE` (`kvoffload replay`'s modes: oracle, session:S, ...) each
 policy runs once more with every request carrying the retention hint the mode
 derives from the trace, the manager's clock following the trace's arrivals, and
 the table adds the per-round ratio to the same policy without hints (the cost of
-honouring them: goal at most 1.2x).
+honouring them: goal at most 1.2x). `--floor` runs the same hints once more
+through their bare classes (`hint_floor.BareHints`, nothing learned): what
+keeping the classes costs at all.
 
     python -m kvoffload.bench manager [--trace PATH] [--capacity N ...]
-        [--hints MODE] [--json]
+        [--hints MODE [--floor]] [--json]
 """
 
 from __future__ import annotations
