@@ -13,9 +13,9 @@ whose order is the order they go in.
 
 It is a measure, not a product: `python -m kvoffload.bench manager --hints MODE
 --floor` runs it beside the real thing, so that the manager's cost with hints
-can be read against what any implementation of the classes costs in CPython,
-not only against the same policy without them (docs/benchmarks.md, "Manager
-with retention hints").
+can be read against what the classes cost written as plainly as CPython
+allows, not only against the same policy without them (docs/benchmarks.md,
+"The 0s as one table, and what the classes cost by themselves").
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class BareHints(RetentionPolicy):
     def hint_of(self, key: OffloadKey) -> float | None:
         due = self._due.get(key)
         if due is not None:
-            return max(0.0, due - self._clock())
+            left = due - self._clock()
+            return left if left > 0 else None  # expired: no hint
         return 0.0 if key in self._zeros else None
 
     def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:

@@ -29,8 +29,9 @@ The positive hints are `HintClaims` (hint_claims.py), what they are worth
 `HintWorth` (hint_worth.py), the 0s `ZeroHints` (zero_hints.py), what 0s are
 worth `ZeroTrust` (zero_trust.py) and where shared prefixes end
 `SharedPrefixes` (shared_prefixes.py); this class orders evictions over them.
-Hints are kept per run (a request's hint on the chunks of one store or touch),
-each chunk under one run of each kind at most.
+Positive hints are kept per run (a request's hint on the chunks of one store
+or touch), each chunk under one run at most; the 0s are one table of chunks in
+the order they go.
 """
 
 from __future__ import annotations
