@@ -8,8 +8,8 @@ an expired hint is no hint, and past the bound the oldest claims stop
 counting. It learns nothing (no `ZeroTrust`, no `HintWorth`, no shared
 prefixes, no per-run counters), keeps one deadline per chunk (a later claim
 overwrites it, shorter or not) and does its bookkeeping in bulk in C wherever
-CPython allows: a claim is one `dict.update`, the chunks hinted 0 are a dict
-whose order is the order they go in.
+CPython allows: a claim is one `dict.update`; the chunks hinted 0 are the
+product's own table (`ZeroHints`), every 0 dated alike and so believed.
 
 It is a measure, not a product: `python -m kvoffload.bench manager --hints MODE
 --floor` runs it beside the real thing, so that the manager's cost with hints
@@ -22,20 +22,23 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Container, Iterable, Sequence, Set
-from itertools import islice
+from collections.abc import Container, Sequence, Set
 
 from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import Evictable, EvictionPolicy, Refusing
 from kvoffload.policies.hint_claims import Clock
 from kvoffload.policies.retention import RetentionPolicy
+from kvoffload.policies.zero_hints import Ripe
+
+_BELIEVED: Ripe = (0, 0)
+"""Every 0 is dated 0 here, so every 0 is believed."""
 
 
 class BareHints(RetentionPolicy):
     """The classes of `RetentionPolicy` over `inner`, without what it learns.
 
-    A subclass only so that a manager can hold it where it holds the real
-    one; none of the parent's state is used after construction."""
+    A subclass so that a manager can hold it where it holds the real one;
+    of the parent's state it uses only the table of 0s (`ZeroHints`)."""
 
     def __init__(
         self, inner: EvictionPolicy, clock: Clock, max_hinted_share: float
@@ -44,8 +47,6 @@ class BareHints(RetentionPolicy):
         self._limit = math.floor(max_hinted_share * inner.capacity)
         self._due: dict[OffloadKey, float] = {}
         """Chunks under a positive hint, with its deadline."""
-        self._zeros: dict[OffloadKey, None] = {}
-        """Chunks hinted 0, in the order they go."""
         self._queue: list[tuple[float, int, Sequence[OffloadKey]]] = []
         """Claims by deadline: what expires, and what stops counting first."""
         self._seq = 0
@@ -60,7 +61,7 @@ class BareHints(RetentionPolicy):
     def remove(self, key: OffloadKey) -> None:
         self.inner.remove(key)
         self._due.pop(key, None)
-        self._zeros.pop(key, None)
+        self._zero.pop(key)
 
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
@@ -70,7 +71,7 @@ class BareHints(RetentionPolicy):
     def clear(self) -> None:
         self.inner.clear()
         self._due.clear()
-        self._zeros.clear()
+        self._zero.clear()
         self._queue.clear()
         self._at_latest.clear()
 
@@ -78,7 +79,7 @@ class BareHints(RetentionPolicy):
 
     @property
     def active(self) -> bool:
-        return bool(self._due or self._zeros)
+        return bool(self._due or self._zero_marks)
 
     def num_hinted(self) -> int:
         return len(self._due)
@@ -92,7 +93,7 @@ class BareHints(RetentionPolicy):
         if due is not None:
             left = due - self._clock()
             return left if left > 0 else None  # expired: no hint
-        return 0.0 if key in self._zeros else None
+        return 0.0 if key in self._zero_marks else None
 
     def covers(self, keys: Sequence[OffloadKey], seconds: float) -> bool:
         return (
@@ -109,11 +110,9 @@ class BareHints(RetentionPolicy):
     ) -> None:
         if not keys:
             return
-        due, zeros = self._due, self._zeros
+        due = self._due
         if seconds <= 0:
-            fresh = [key for key in keys if key not in zeros and key not in due]
-            fresh.reverse()  # a hint's chunks from its end back
-            zeros.update(dict.fromkeys(fresh))
+            self._zero.add(keys, 0, due)  # (a positive hint stands)
             return
         deadline = self._clock() + seconds
         if deadline > self._latest:
@@ -122,9 +121,8 @@ class BareHints(RetentionPolicy):
         else:
             self._at_latest.update(keys)
         due.update(dict.fromkeys(keys, deadline))
-        if zeros:
-            for key in zeros.keys() & keys:
-                del zeros[key]
+        if self._zero_marks:
+            self._zero.pop_many(keys)
         heapq.heappush(self._queue, (deadline, self._seq, keys))
         self._seq += 1
         while len(due) > self._limit and self._queue:
@@ -139,21 +137,19 @@ class BareHints(RetentionPolicy):
                 del due[key]
 
     def note_hit(self, keys: Sequence[OffloadKey]) -> None:
-        zeros = self._zeros
-        if zeros:
-            for key in zeros.keys() & keys:
-                del zeros[key]
+        if self._zero_marks:
+            self._zero.pop_many(keys)
 
     def evict(
         self, n: int, incoming: Sequence[OffloadKey], evictable: Evictable
     ) -> list[OffloadKey] | None:
-        due, zeros = self._due, self._zeros
+        due, zeros = self._due, self._zero_marks
         if n <= 0 or (not due and not zeros):
             return self.inner.evict(n, incoming, evictable)
         queue, now = self._queue, self._clock()
         while queue and queue[0][0] <= now:
             self._end_claim()
-        taken = list(islice(filter(evictable, zeros), n)) if zeros else []
+        taken = self._zero.first_evictable(n, _BELIEVED, evictable) if zeros else []
         rest = n - len(taken)
         refused: list[Container[OffloadKey]] = [zeros, due] if due else [zeros]
         got = self.inner.evict(rest, incoming, Refusing(refused, evictable))
@@ -162,16 +158,8 @@ class BareHints(RetentionPolicy):
             got = self.inner.evict(rest, incoming, Refusing([zeros], evictable))
             if got is None:
                 return None
-            _forget(due, got)
+            for key in got:
+                due.pop(key, None)
         if taken:
-            self.inner.remove_many(taken)
-            _forget(zeros, taken)
+            self._zero.take(taken, self.inner.remove_many)
         return taken + got
-
-
-def _forget(
-    table: dict[OffloadKey, float] | dict[OffloadKey, None],
-    keys: Iterable[OffloadKey],
-) -> None:
-    for key in keys:
-        table.pop(key, None)
