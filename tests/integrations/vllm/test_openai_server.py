@@ -11,7 +11,9 @@ back with nothing. Cached tokens are the server's own report
 (`usage.prompt_tokens_details`), outputs are compared, and the connector's
 metrics are read from `/metrics`. A flood prompt sent to `/v1/chat/completions`
 with a bad hint (`"soon"`) is served, and the engine logs the one warning SPEC
-§4 gives a bad per-request parameter. About a minute: the server's start.
+§4 gives a bad per-request parameter. When the server is stopped (SIGTERM,
+as a container stop sends), host memory's shared-memory pool is gone from
+/dev/shm. About a minute: the server's start.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ from .test_retention_hints import FLOOD, HINTED, HOST_CHUNKS, UNHINTED
 pytestmark = pytest.mark.vllm
 
 START_TIMEOUT_S = 300.0
+ENGINE_ID = f"openai-server-test-{os.getpid()}"
 
 
 def _free_port() -> int:
@@ -77,14 +81,12 @@ class Server:
         return sum(values)
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_model: BuiltModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    pytest.importorskip("vllm", reason=VLLM_MISSING)
-    log = tmp_path_factory.mktemp("api_server") / "server.log"
+@contextmanager
+def _serve(model: BuiltModel, log: Path) -> Iterator[Server]:
+    """vLLM's `api_server` with the connector, until SIGTERM at the end."""
     port = _free_port()
-    args = tiny_model.vllm_args()
+    args = model.vllm_args()
+    kv = kv_config(engine_id=ENGINE_ID, cpu_bytes_to_use=HOST_CHUNKS * PAGE)
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", args["model"], "--tokenizer", args["tokenizer"],
@@ -94,8 +96,7 @@ def server(
         "--kv-cache-memory-bytes", str(DEVICE["kv_cache_memory_bytes"]),
         "--max-num-batched-tokens", str(DEVICE["max_num_batched_tokens"]),
         "--enable-prompt-tokens-details",
-        "--kv-transfer-config",
-        json.dumps(kv_config(cpu_bytes_to_use=HOST_CHUNKS * PAGE)),
+        "--kv-transfer-config", json.dumps(kv),
     ]  # fmt: skip
     # As users start it: its engine in a process of its own.
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
@@ -137,9 +138,23 @@ def _cached(reply: Any) -> int:
     return 0 if details is None else int(details.cached_tokens or 0)
 
 
-def test_a_hint_sent_through_the_openai_server_keeps_a_prefix(server: Server) -> None:
+def test_a_hint_sent_through_the_openai_server_keeps_a_prefix(
+    tiny_model: BuiltModel, tmp_path: Path
+) -> None:
+    pytest.importorskip("vllm", reason=VLLM_MISSING)
     openai = pytest.importorskip("openai", reason="the openai client comes with vLLM")
-    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="EMPTY")
+    with _serve(tiny_model, tmp_path / "server.log") as server:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="EMPTY")
+        _hinted_prefix_outlives_a_flood(client, server)
+        assert _pools(), "host memory's pool is a file in /dev/shm while it runs"
+    assert _pools() == [], "the stopped server left its host pool in /dev/shm"
+
+
+def _pools() -> list[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob(f"kvoffload-{ENGINE_ID}-*"))
+
+
+def _hinted_prefix_outlives_a_flood(client: Any, server: Server) -> None:
 
     hinted = _complete(client, server, HINTED, hint=600)
     unhinted = _complete(client, server, UNHINTED)
