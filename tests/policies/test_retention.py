@@ -325,6 +325,26 @@ def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
     assert policy.evict(1, [], always) == [k(2)]
 
 
+def test_a_chunk_stored_again_after_a_wrong_zero_ranks_as_reused() -> None:
+    """Scenario (ARC): chunk 0, hinted 0, goes first; a request stores it again
+    (the 0 was wrong), then a fresh chunk 5 comes. ARC hears the return as a
+    reuse, as its ghosts would have told it of a victim it chose: chunk 0 is in
+    T2, and the chunks seen once go before it. Before, chunk 0 came back as new
+    and went before chunk 5."""
+    policy, _ = wrapped("arc", capacity=4)
+    for i in range(4):
+        policy.insert(k(i))
+    policy.retain([k(0)], 0)
+    assert policy.evict(1, [k(4)], always) == [k(0)]
+    policy.insert(k(4))
+    assert policy.evict(1, [k(0)], always) == [k(1)]
+    policy.insert(k(0))
+    assert policy.wrong_zero_rate == 1.0
+    assert policy.evict(1, [k(5)], always) == [k(2)]
+    policy.insert(k(5))
+    assert drain(policy) == [k(3), k(4), k(5), k(0)]
+
+
 @pytest.mark.parametrize("name", policy_names())
 def test_stop_eviction_propagates_in_every_class_and_changes_nothing(name: str) -> None:
     """Scenario: the manager stops eviction at the storing request's own chunk

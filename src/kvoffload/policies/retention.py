@@ -15,6 +15,10 @@ within that many seconds (0: none will). `RetentionPolicy` wraps any
 3. chunks under an unexpired hint, the longest hint first, and among hints of
    one length the soonest to expire.
 
+A chunk evicted under a 0 and stored again tells the wrapped policy of a reuse
+(a touch): it left by `remove`, unseen by the policy's own memory of victims
+(ARC's ghosts), and its return is the reuse that memory would have caught.
+
 An expired hint is no hint. A tier holds at most `max_hinted_share` of its
 capacity under hints, and less where they prove worth less than the room they
 take from the wrapped policy (`HintWorth`): past that, hints stop counting in
@@ -22,7 +26,7 @@ the order of class 3 (their chunks stay, in class 2), so neither one tenant nor
 an application that hints everything can pin the cache, and a client claiming
 a day gains nothing over one claiming a minute. Recency, admission and
 whatever the wrapped policy learns are its own: it sees every insert, touch
-and removal as before. With no hint live, `evict` is the wrapped policy's,
+and removal as before (and the touch above). With no hint live, `evict` is the wrapped policy's,
 call for call.
 
 The positive hints are `HintClaims` (hint_claims.py), what they are worth
@@ -144,7 +148,12 @@ class RetentionPolicy(EvictionPolicy):
     def insert_many(self, keys: Sequence[OffloadKey]) -> None:
         self.inner.insert_many(keys)
         if self._gone:
-            self._trust.stored(keys)
+            wrong = self._trust.stored(keys)
+            if wrong:
+                # Evicted under a 0 and asked for again: a reuse, which the
+                # wrapped policy would have seen had it chosen these victims
+                # itself (ARC's ghosts, `split`'s memory of what it let go).
+                self.inner.touch(wrong)
         if (self._displaced or self._lost) and self._worth.stored(keys, self._clock()):
             self._hints.limit = self._worth.limit
 

@@ -175,18 +175,23 @@ class ZeroTrust:
                 self._victims_back /= 2
             self._wait = [None, None]
 
-    def stored(self, keys: Iterable[OffloadKey]) -> None:
-        """`keys` were stored again: remembered ones were asked for again."""
+    def stored(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        """`keys` were stored again: remembered ones were asked for again.
+        Returns those evicted under a 0, now proven wrong, in the order of
+        `keys`."""
         gone = self.gone
-        back = [gone.pop(key) for key in gone.keys() & keys]
-        if not back:
-            return
-        marks = [mark for mark in back if mark != _UNHINTED]
-        if len(marks) < len(back):
-            self._victims_back += len(back) - len(marks)
+        found = gone.keys() & keys
+        if not found:
+            return []
+        back = [(key, gone.pop(key)) for key in found]
+        wrong = {key: mark for key, mark in back if mark != _UNHINTED}
+        if len(wrong) < len(back):
+            self._victims_back += len(back) - len(wrong)
             self._wait = [None, None]
-        if marks:
-            self.proven(marks)
+        if not wrong:
+            return []
+        self.proven(wrong.values())
+        return [key for key in keys if key in wrong]
 
     def clear(self) -> None:
         """Forget the evicted chunks (what was learned of the application stays)."""
