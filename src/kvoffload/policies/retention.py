@@ -26,8 +26,8 @@ the order of class 3 (their chunks stay, in class 2), so neither one tenant nor
 an application that hints everything can pin the cache, and a client claiming
 a day gains nothing over one claiming a minute. Recency, admission and
 whatever the wrapped policy learns are its own: it sees every insert, touch
-and removal as before (and the touch above). With no hint live, `evict` is the wrapped policy's,
-call for call.
+and removal as before (and the touch above). With no hint live, `evict` is
+the wrapped policy's, call for call.
 
 The positive hints are `HintClaims` (hint_claims.py), what they are worth
 `HintWorth` (hint_worth.py), the 0s `ZeroHints` (zero_hints.py), what 0s are
