@@ -155,7 +155,6 @@ def _pools() -> list[str]:
 
 
 def _hinted_prefix_outlives_a_flood(client: Any, server: Server) -> None:
-
     hinted = _complete(client, server, HINTED, hint=600)
     unhinted = _complete(client, server, UNHINTED)
     assert server.metric("hinted_chunks") > 0
