@@ -305,12 +305,11 @@ def test_zeros_on_found_chunks_are_judged_apart_from_zeros_on_own_ones(
     assert policy.evict(1, [k(13)], always) != [k(6)]
 
 
-def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
-    """Scenario: chunk 0, hinted 0, is evicted first; a later request needs it
-    and stores it again: that proves the 0 wrong even though no load saw it,
-    and the next 0 on it is not believed at once (chunk 1, unhinted and older,
-    goes before it)."""
-    policy, _ = wrapped("lru", capacity=4)
+def _zero_proven_wrong_by_a_store(name: str) -> RetentionPolicy:
+    """A tier of 4 chunks, 0 to 3: chunk 0, hinted 0, is evicted first (for
+    chunk 4); a later request needs it and stores it again (evicting chunk 1),
+    which proves the 0 wrong even though no load saw it."""
+    policy, _ = wrapped(name, capacity=4)
     for i in range(4):
         policy.insert(k(i))
     policy.retain([k(0)], 0)
@@ -320,26 +319,26 @@ def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
     assert policy.evict(1, [k(0)], always) == [k(1)]
     policy.insert(k(0))
     assert policy.wrong_zero_rate == 1.0
+    return policy
+
+
+def test_a_zero_evicted_and_stored_again_was_wrong() -> None:
+    """Scenario: chunk 0's 0 is proven wrong by a store of it again
+    (`_zero_proven_wrong_by_a_store`); the next 0 on it is not believed at once
+    (chunk 2, unhinted and older, goes before it)."""
+    policy = _zero_proven_wrong_by_a_store("lru")
     policy.retain([k(0)], 0)
     assert not policy.zero_believed(k(0))
     assert policy.evict(1, [], always) == [k(2)]
 
 
 def test_a_chunk_stored_again_after_a_wrong_zero_ranks_as_reused() -> None:
-    """Scenario (ARC): chunk 0, hinted 0, goes first; a request stores it again
-    (the 0 was wrong), then a fresh chunk 5 comes. ARC hears the return as a
-    reuse, as its ghosts would have told it of a victim it chose: chunk 0 is in
-    T2, and the chunks seen once go before it. Before, chunk 0 came back as new
-    and went before chunk 5."""
-    policy, _ = wrapped("arc", capacity=4)
-    for i in range(4):
-        policy.insert(k(i))
-    policy.retain([k(0)], 0)
-    assert policy.evict(1, [k(4)], always) == [k(0)]
-    policy.insert(k(4))
-    assert policy.evict(1, [k(0)], always) == [k(1)]
-    policy.insert(k(0))
-    assert policy.wrong_zero_rate == 1.0
+    """Scenario (ARC): chunk 0's 0 is proven wrong by a store of it again
+    (`_zero_proven_wrong_by_a_store`), then a fresh chunk 5 comes. ARC hears
+    the return as a reuse, as its ghosts would have told it of a victim it
+    chose: chunk 0 is in T2, and the chunks seen once go before it. Before,
+    chunk 0 came back as new and went before chunk 5."""
+    policy = _zero_proven_wrong_by_a_store("arc")
     assert policy.evict(1, [k(5)], always) == [k(2)]
     policy.insert(k(5))
     assert drain(policy) == [k(3), k(4), k(5), k(0)]
