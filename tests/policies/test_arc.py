@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from kvoffload.keys import OffloadKey, make_offload_key
-from kvoffload.policies import ARCPolicy
+from kvoffload.policies import ARCPolicy, StopEviction, StopList
 
 
 def k(i: int) -> OffloadKey:
@@ -84,3 +88,49 @@ def test_a_batch_with_a_ghost_tail_keeps_the_other_ghosts() -> None:
     arc = _after_batch_with_ghost_tail()
     assert arc.evict(1, [k(2)], lambda _: True) is not None
     assert arc.target_t1 == 2
+
+
+def _own(key: OffloadKey) -> Callable[[OffloadKey], bool]:
+    """An `evictable` that stops at `key`, as the tier manager does at a storing
+    request's own chunk."""
+
+    def evictable(candidate: OffloadKey) -> bool:
+        if candidate == key:
+            raise StopList
+        return True
+
+    return evictable
+
+
+def test_a_stop_at_the_front_of_t2_moves_the_target_to_t1() -> None:
+    """Scenario: the target prefers T2, and T2's choice is a chunk the storing
+    request loaded. The store is refused and nothing leaves, but the target
+    moves as for a ghost hit in B2, so the next store takes from T1. Without
+    that, a T2 holding little but a prompt every request loads stopped every
+    store, and with no eviction the target never moved again."""
+    arc = ARCPolicy(4)
+    for i in range(4):
+        arc.insert(k(i))
+    arc.touch([k(0), k(1)])  # T2: k(1), k(0); T1: k(2), k(3)
+    assert arc.evict(1, [k(4)], lambda _: True) == [k(2)]
+    arc.insert(k(4))
+    # k(2) comes back from B1: the target grows to 1 and T1 gives k(3).
+    assert arc.evict(1, [k(2)], lambda _: True) == [k(3)]
+    arc.insert(k(2))  # T2: k(1), k(0), k(2); T1: k(4); the target prefers T2
+    with pytest.raises(StopEviction):
+        arc.evict(1, [k(5)], _own(k(1)))
+    assert len(arc) == 4 and all(k(i) in arc for i in (0, 1, 2, 4))
+    assert arc.evict(1, [k(5)], _own(k(1))) == [k(4)]
+
+
+def test_a_stop_at_the_front_of_t1_ends_the_scan() -> None:
+    """Scenario: T1 goes first and its front is the storing request's own chunk:
+    the request's touch will move it, so the stop ends the whole scan and the
+    policy is unchanged."""
+    arc = ARCPolicy(3)
+    for i in range(3):
+        arc.insert(k(i))
+    arc.touch([k(0)])  # T2: k(0); T1: k(1), k(2)
+    with pytest.raises(StopEviction):
+        arc.evict(1, [k(3)], _own(k(1)))
+    assert arc.evict(1, [k(3)], lambda _: True) == [k(1)]

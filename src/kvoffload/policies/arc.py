@@ -15,6 +15,7 @@ from kvoffload.keys import OffloadKey
 from kvoffload.policies.base import (
     Evictable,
     EvictionPolicy,
+    StopList,
     evictable_in,
     register_policy,
 )
@@ -129,11 +130,16 @@ class ARCPolicy(EvictionPolicy):
                 t1_size > p or (last_in_b2 and t1_size == int(p))
             )
             first, second = (t1_iter, t2_iter) if prefer_t1 else (t2_iter, t1_iter)
-            victim = next(first, None)
-            took_t1 = prefer_t1
-            if victim is None:
-                victim = next(second, None)
-                took_t1 = not prefer_t1
+            try:
+                victim = next(first, None)
+                took_t1 = prefer_t1
+                if victim is None:
+                    victim = next(second, None)
+                    took_t1 = not prefer_t1
+            except StopList:
+                if not prefer_t1 and not from_t2:  # T2 gave nothing before it
+                    self._t2_in_use()
+                raise
             if victim is None:
                 return None
             if took_t1:
@@ -150,6 +156,24 @@ class ARCPolicy(EvictionPolicy):
             self._b2[key] = None
         self._trim_ghosts()
         return from_t1 + from_t2
+
+    def _t2_in_use(self) -> None:
+        """The target preferred T2, and T2's first choice was the storing
+        request's own chunk (`StopList`): the store is refused, and the target
+        moves as for a ghost hit in B2, as if that chunk had left and come
+        straight back.
+
+        Without this a stop in T2 could recur at every store: once T2 holds
+        little but a prefix every request loads (a system prompt), its front is
+        each storing request's own chunk, and with no eviction the target would
+        never move again, so no store would ever be taken. (A stop in T1 ends
+        with the request's touch, which moves its chunks out of T1's front; a
+        stop after T2 gave victims found T2 holding chunks it could give.) The
+        target moves from its value before this eviction: the ghost hits of the
+        refused store's own chunks are not counted, as for any eviction that
+        does not happen (docs/policies.md, "A stop that never ends")."""
+        b1, b2 = len(self._b1), len(self._b2)
+        self._p = max(0.0, self._p - max(b1 // max(b2, 1), 1))
 
     def _trim_ghosts(self) -> None:
         # Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.

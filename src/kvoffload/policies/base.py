@@ -28,6 +28,15 @@ class StopEviction(Exception):
     having changed nothing, as when it returns `None`."""
 
 
+class StopList(StopEviction):
+    """The `StopEviction` the tier manager raises at a storing request's own
+    chunk (a store takes nothing its policy ranks above the request's own
+    chunks). It ends the scan as `StopEviction` does, and a policy may learn
+    from it, as from any choice it could not make: ARC moves its target away
+    from T2 when T2's choice was in use (`ARCPolicy._t2_in_use`). What the
+    policy holds, and in what order, stays as it was."""
+
+
 class Refusing:
     """An `Evictable` that refuses every key in some containers outright and
     asks `accept` about the rest. Called, it is the whole check; a policy that
@@ -131,7 +140,8 @@ class EvictionPolicy(ABC):
       It asks `evictable` about candidates in the order it would give them up,
       least valuable first, and lets `StopEviction` raised by `evictable`
       propagate, having changed nothing (the tier manager uses it to take
-      victims only from chunks the policy ranks below a request's own).
+      victims only from chunks the policy ranks below a request's own; at a
+      `StopList` a policy may move what it learns, not what it holds).
     - `clear` forgets everything, learned state included.
     """
 

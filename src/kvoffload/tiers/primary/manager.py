@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from kvoffload.config import is_count, shown
 from kvoffload.keys import OffloadKey
-from kvoffload.policies import StopEviction, create_policy
+from kvoffload.policies import StopEviction, StopList, create_policy
 from kvoffload.policies.retention import DEFAULT_MAX_HINTED_SHARE, RetentionPolicy
 from kvoffload.tiers.base import (
     LookupResult,
@@ -423,7 +423,7 @@ class CPUOffloadingManager(OffloadingManager):
 
         def evictable_below_own(key: OffloadKey) -> bool:
             if key in stored_keys or key in loaded_keys or key in offered_keys:
-                raise StopEviction
+                raise StopList
             return key not in protected and key not in pins and key not in writing
 
         if floor is None:
