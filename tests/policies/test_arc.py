@@ -102,12 +102,9 @@ def _own(key: OffloadKey) -> Callable[[OffloadKey], bool]:
     return evictable
 
 
-def test_a_stop_at_the_front_of_t2_moves_the_target_to_t1() -> None:
-    """Scenario: the target prefers T2, and T2's choice is a chunk the storing
-    request loaded. The store is refused and nothing leaves, but the target
-    moves as for a ghost hit in B2, so the next store takes from T1. Without
-    that, a T2 holding little but a prompt every request loads stopped every
-    store, and with no eviction the target never moved again."""
+def _t2_first() -> ARCPolicy:
+    """T2: k(1), k(0), k(2); T1: k(4); a ghost hit set the target to 1, so T2
+    goes first."""
     arc = ARCPolicy(4)
     for i in range(4):
         arc.insert(k(i))
@@ -116,11 +113,37 @@ def test_a_stop_at_the_front_of_t2_moves_the_target_to_t1() -> None:
     arc.insert(k(4))
     # k(2) comes back from B1: the target grows to 1 and T1 gives k(3).
     assert arc.evict(1, [k(2)], lambda _: True) == [k(3)]
-    arc.insert(k(2))  # T2: k(1), k(0), k(2); T1: k(4); the target prefers T2
+    arc.insert(k(2))
+    return arc
+
+
+def test_a_stop_at_the_front_of_t2_moves_the_target_to_t1() -> None:
+    """Scenario: the target prefers T2, and T2's choice is a chunk the storing
+    request loaded. The store is refused and nothing leaves, but the target
+    moves as for a ghost hit in B2, so the next store takes from T1. Without
+    that, a T2 holding little but a prompt every request loads stopped every
+    store, and with no eviction the target never moved again."""
+    arc = _t2_first()
     with pytest.raises(StopEviction):
         arc.evict(1, [k(5)], _own(k(1)))
     assert len(arc) == 4 and all(k(i) in arc for i in (0, 1, 2, 4))
     assert arc.evict(1, [k(5)], _own(k(1))) == [k(4)]
+
+
+def test_a_stop_in_t1_after_t2_gave_nothing_leaves_the_target() -> None:
+    """Scenario: the target prefers T2, but nothing in T2 may go (pinned, say),
+    and T1's chunk is the storing request's own. The stop is T1's: the target
+    stays, and T2 still goes first once its chunks may go."""
+    arc = _t2_first()
+
+    def t1_own(key: OffloadKey) -> bool:
+        if key == k(4):
+            raise StopList
+        return False  # T2's chunks are in use
+
+    with pytest.raises(StopEviction):
+        arc.evict(1, [k(5)], t1_own)
+    assert arc.evict(1, [k(5)], lambda _: True) == [k(1)]
 
 
 def test_a_stop_at_the_front_of_t1_ends_the_scan() -> None:

@@ -132,14 +132,14 @@ class ARCPolicy(EvictionPolicy):
             first, second = (t1_iter, t2_iter) if prefer_t1 else (t2_iter, t1_iter)
             try:
                 victim = next(first, None)
-                took_t1 = prefer_t1
-                if victim is None:
-                    victim = next(second, None)
-                    took_t1 = not prefer_t1
             except StopList:
                 if not prefer_t1 and not from_t2:  # T2 gave nothing before it
                     self._t2_in_use()
                 raise
+            took_t1 = prefer_t1
+            if victim is None:
+                victim = next(second, None)
+                took_t1 = not prefer_t1
             if victim is None:
                 return None
             if took_t1:
