@@ -33,8 +33,8 @@ class StopList(StopEviction):
     chunk (a store takes nothing its policy ranks above the request's own
     chunks). It ends the scan as `StopEviction` does, and a policy may learn
     from it, as from any choice it could not make: ARC moves its target away
-    from T2 when T2's choice was in use (`ARCPolicy._t2_in_use`). What the
-    policy holds, and in what order, stays as it was."""
+    from T2 when T2's first choice was in use (`ARCPolicy._t2_in_use`). What
+    the policy holds, and in what order, stays as it was."""
 
 
 class Refusing:
