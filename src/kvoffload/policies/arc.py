@@ -21,6 +21,12 @@ from kvoffload.policies.base import (
 )
 
 
+def _after_b2_hit(p: float, b1: int, b2: int) -> float:
+    """The T1 target `p` after a ghost hit in B2, with `b1` and `b2` keys in the
+    ghost lists: the textbook step, `max(1, |B1| // |B2|)`, down to 0."""
+    return max(0.0, p - max(b1 // max(b2, 1), 1))
+
+
 @register_policy("arc")
 class ARCPolicy(EvictionPolicy):
     """Textbook ARC mapped onto batch inserts; pinned chunks are skipped."""
@@ -114,7 +120,7 @@ class ARCPolicy(EvictionPolicy):
                 b1 -= 1
                 last_in_b2 = False
             elif key in self._b2:
-                p = max(0.0, p - max(b1 // max(b2, 1), 1))
+                p = _after_b2_hit(p, b1, b2)
                 b2 -= 1
                 last_in_b2 = True
         if n <= 0:
@@ -172,8 +178,7 @@ class ARCPolicy(EvictionPolicy):
         target moves from its value before this eviction: the ghost hits of the
         refused store's own chunks are not counted, as for any eviction that
         does not happen (docs/policies.md, "A stop that never ends")."""
-        b1, b2 = len(self._b1), len(self._b2)
-        self._p = max(0.0, self._p - max(b1 // max(b2, 1), 1))
+        self._p = _after_b2_hit(self._p, len(self._b1), len(self._b2))
 
     def _trim_ghosts(self) -> None:
         # Keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
