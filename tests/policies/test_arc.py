@@ -157,3 +157,24 @@ def test_a_stop_at_the_front_of_t1_ends_the_scan() -> None:
     with pytest.raises(StopEviction):
         arc.evict(1, [k(3)], _own(k(1)))
     assert arc.evict(1, [k(3)], lambda _: True) == [k(1)]
+
+
+def test_evictions_made_in_arcs_place_weigh_its_ghost_hits() -> None:
+    """Scenario: two ARCs give up k(0) from T1 and find it again in B1. In one
+    of them the tier also evicted k(1) and k(2) in ARC's place (believed 0s):
+    ARC chose one victim of three, so its ghost hit stands for more and moves
+    the target twice as far ((1 + 1 + 2) / (1 + 1): its own victim and a prior
+    of one, against all three)."""
+    targets = []
+    for others in ([], [k(1), k(2)]):
+        arc = ARCPolicy(4)
+        for i in range(4):
+            arc.insert(k(i))
+        arc.touch([k(3)])  # T2 [3], T1 [0, 1, 2]
+        assert arc.evict(1, [k(4)], lambda _: True) == [k(0)]
+        arc.insert(k(4))
+        arc.evicted_for(others)
+        assert all(key not in arc for key in others)
+        assert arc.evict(1, [k(0)], lambda _: True) is not None
+        targets.append(arc.target_t1)
+    assert targets == [1.0, 2.0]

@@ -21,10 +21,11 @@ from kvoffload.policies.base import (
 )
 
 
-def _after_b2_hit(p: float, b1: int, b2: int) -> float:
+def _after_b2_hit(p: float, b1: int, b2: int, weight: float = 1.0) -> float:
     """The T1 target `p` after a ghost hit in B2, with `b1` and `b2` keys in the
-    ghost lists: the textbook step, `max(1, |B1| // |B2|)`, down to 0."""
-    return max(0.0, p - max(b1 // max(b2, 1), 1))
+    ghost lists: the textbook step, `max(1, |B1| // |B2|)`, times `weight`,
+    down to 0."""
+    return max(0.0, p - weight * max(b1 // max(b2, 1), 1))
 
 
 @register_policy("arc")
@@ -41,6 +42,10 @@ class ARCPolicy(EvictionPolicy):
         self._b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self._b2: OrderedDict[OffloadKey, None] = OrderedDict()
         self._p = 0.0
+        # Evictions lately, ARC's own and the tier's in its place
+        # (`evicted_for`): what a ghost hit is worth (`_ghost_weight`).
+        self._own = 0.0
+        self._others = 0.0
 
     @property
     def target_t1(self) -> float:
@@ -88,6 +93,33 @@ class ARCPolicy(EvictionPolicy):
             if t1.pop(key, 0) == 0:
                 t2.pop(key, None)
 
+    def evicted_for(self, keys: Sequence[OffloadKey]) -> None:
+        self.remove_many(keys)
+        self._count(others=len(keys))
+
+    def _count(self, own: int = 0, others: int = 0) -> None:
+        """Count evictions, forgetting older ones by halves (about the last
+        two turnovers count)."""
+        self._own += own
+        self._others += others
+        if self._own + self._others > 2 * self.capacity:
+            self._own /= 2
+            self._others /= 2
+
+    def _ghost_weight(self) -> float:
+        """How many of the tier's evictions each of ARC's own stands for.
+
+        ARC learns its target only from its own victims' ghosts. Where the
+        tier evicts most chunks in its place (believed 0s), it has few victims
+        and few ghost hits, and the target stays where it started: with a
+        small target every victim of its own is the front of T1, the chunks
+        the next turn asks for (docs/policies.md, "ARC's target while 0s go
+        first"). Each ghost hit is then a sample of one in `weight` evictions,
+        and moves the target as much. 1 where ARC evicts everything itself, so
+        a tier without 0s keeps textbook ARC."""
+        own = self._own + 1.0
+        return (own + self._others) / own
+
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()
     ) -> None:
@@ -110,17 +142,18 @@ class ARCPolicy(EvictionPolicy):
         p = self._p
         b1, b2 = len(self._b1), len(self._b2)
         last_in_b2 = False
+        weight = self._ghost_weight() if self._others else 1.0
         # Textbook steps, delta = max(1, |B2| // |B1|), with the ghost lists
         # shrinking as each key leaves them. Integer division reproduces the
         # reference ARC of traces/README.md to 0.001 (real division: 0.143
         # instead of 0.150 at 5,859 chunks).
         for key in reversed(incoming):  # the order a tail-first replay sees them
             if key in self._b1:
-                p = min(float(self.capacity), p + max(b2 // max(b1, 1), 1))
+                p = min(float(self.capacity), p + weight * max(b2 // max(b1, 1), 1))
                 b1 -= 1
                 last_in_b2 = False
             elif key in self._b2:
-                p = _after_b2_hit(p, b1, b2)
+                p = _after_b2_hit(p, b1, b2, weight)
                 b2 -= 1
                 last_in_b2 = True
         if n <= 0:
@@ -154,6 +187,7 @@ class ARCPolicy(EvictionPolicy):
             else:
                 from_t2.append(victim)
         self._p = p
+        self._count(own=n)
         for key in from_t1:
             del self._t1[key]
             self._b1[key] = None
@@ -192,3 +226,4 @@ class ARCPolicy(EvictionPolicy):
         for part in (self._t1, self._t2, self._b1, self._b2):
             part.clear()
         self._p = 0.0
+        self._own = self._others = 0.0

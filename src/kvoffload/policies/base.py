@@ -183,6 +183,13 @@ class EvictionPolicy(ABC):
         for key in keys:
             self.remove(key)
 
+    def evicted_for(self, keys: Sequence[OffloadKey]) -> None:
+        """The tier evicted `keys` in the policy's place (a wrapper's choice:
+        `RetentionPolicy`'s believed 0s). They leave as with `remove_many`; a
+        policy that learns from its own victims may weigh what each of them
+        teaches by how few of the tier's evictions were its own (ARC)."""
+        self.remove_many(keys)
+
     @abstractmethod
     def touch(
         self, keys: Sequence[OffloadKey], new: Set[OffloadKey] = frozenset()

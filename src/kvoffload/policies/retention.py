@@ -50,6 +50,7 @@ from kvoffload.policies.base import (
     Evictable,
     EvictionPolicy,
     Refusing,
+    StopEviction,
 )
 from kvoffload.policies.hint_claims import Clock, HintClaims, RetentionCounts
 from kvoffload.policies.hint_worth import HintWorth
@@ -302,6 +303,9 @@ class RetentionPolicy(EvictionPolicy):
         hinted, zero = self._hinted, self._zero_marks
         ripe = self._trust.ripe() if zero else (0, 0)
         taken = self._zero.first_evictable(n, ripe, evictable) if zero else []
+        # Where 0s would fill every eviction, the policy still chooses a few
+        # victims (`ZeroTrust.starved`): `v` is read from them.
+        spare = taken.pop() if len(taken) == n and self._trust.starved() else None
         rest = n - len(taken)
         # Chunks under a hint outlive the unhinted ones around them, so they
         # gather at the front of the wrapped policy's order: `Refusing` lets
@@ -321,9 +325,18 @@ class RetentionPolicy(EvictionPolicy):
                 return (mark is None or mark >> 1 > ripe[mark & 1]) and evictable(key)
 
             unhinted = Refusing([], accept, tally, watched)
-        got = self.inner.evict(rest, incoming, unhinted)
+        try:
+            got = self.inner.evict(rest, incoming, unhinted)
+        except StopEviction:
+            if spare is None:
+                raise
+            got = None
+            passed.clear()  # a scan that stopped gave nothing up
         if passed:
             self._worth.passed(passed, got or (), hinted.keys())
+        if got is None and spare is not None:  # the policy had none to give
+            taken.append(spare)
+            got = []
         forget = got is None
         if got is None:
             accepted = next(tally)
@@ -343,7 +356,12 @@ class RetentionPolicy(EvictionPolicy):
         store of one again says what a 0, or the policy's victim, was worth."""
         zero = self._zero
         # (`taken` are hinted 0 only: not under a deadline.)
-        marks = zero.take(taken, self.inner.remove_many)
+        # Where 0s are often wrong, the policy learns that the tier evicted in
+        # its place (ARC weighs its own victims' ghost hits by it); where they
+        # are seldom wrong, the 0s chose well and there is nothing to correct.
+        inner = self.inner
+        leave = inner.evicted_for if self._trust.often_wrong() else inner.remove_many
+        marks = zero.take(taken, leave)
         victims = list(filterfalse(self._zero_marks.__contains__, got))
         if len(victims) < len(got):  # 0s not yet believed, evicted as unhinted
             unripe = [key for key in got if key in self._zero_marks]

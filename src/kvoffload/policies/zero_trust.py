@@ -26,6 +26,17 @@ where it holds nearly everything its victims are seldom wanted and an
 application's wrong 0s would be the tier's costliest evictions, so they wait.
 An application whose 0s are never proven wrong keeps the order of old.
 
+`v` is read only from victims the policy chose, and once 0s are believed they
+take nearly every eviction, so two rules keep it a reading of now (stop 48): its
+counts are halved with each capacity's worth of the tier's evictions, 0s
+included (counted in victims, a reading from when the policy chose differently
+would stand for it indefinitely), and where the policy chose less than one in
+20 of them lately, an eviction that believed 0s would fill leaves one chunk to
+the policy (`starved`; `RetentionPolicy` gives the 0 back if the policy has
+none to give). A believed 0 then goes before the policy's choice 19 times in
+20. (Not where 0s are proven wrong less than one time in 20: they go first
+whatever `v` reads above that.)
+
 `r` is learned apart for two kinds of 0 (`zero_hints.OWN`, `FOUND`): on a chunk
 the hinting request stored itself, and on one it found in the tier. A found
 chunk has been asked for before; where an application's 0s are sometimes wrong,
@@ -53,6 +64,11 @@ WINDOW_TURNOVERS = 2
 """The counts cover about this many tiers' worth of chunks hinted 0 and of
 victims (older counts are halved away): recent enough to follow an
 application that changes, long enough that most have met their next turn."""
+EXPLORE_SHARE = 0.05
+"""The least share of a tier's evictions, while chunks hinted 0 are resident,
+that the wrapped policy chooses itself (`RetentionPolicy` leaves it one chunk
+of an eviction that believed 0s would fill): `v` is read from its victims, and
+a policy that chooses none is never read again."""
 _UNHINTED = -1
 """What `ZeroTrust.gone` holds for a victim under no hint (a 0 holds its
 mark, `zero_hints.mark_of`, >= 0)."""
@@ -79,6 +95,13 @@ class ZeroTrust:
         of `i` bits."""
         self._victims = 0.0
         self._victims_back = 0.0
+        self._evictions = 0.0
+        """Chunks evicted lately (0s and victims alike); `_victims` of them
+        were the policy's."""
+        self._aged_at = 0
+        """The clock when the counts of victims were last halved."""
+        self._often_wrong: bool | None = False
+        """`often_wrong`, None once a count of 0s changed."""
         self._wait: list[int | None] = [0, 0]
         """The age from which a 0 of each kind is believed (None: to be
         recomputed)."""
@@ -93,7 +116,10 @@ class ZeroTrust:
     @property
     def victim_rate(self) -> float:
         """The share of the policy's unhinted victims lately stored again."""
-        return self._victims_back / self._victims if self._victims else 0.0
+        if not self._victims:
+            return 0.0
+        # (Victims counted before a halving may come back after it.)
+        return min(1.0, self._victims_back / self._victims)
 
     def ripe(self) -> Ripe:
         """The clock reading at or before which a 0 of each kind is believed."""
@@ -104,6 +130,25 @@ class ZeroTrust:
         if found is None:
             found = wait[1] = self._first_believed_age(1)
         return self.clock - own, self.clock - found
+
+    def starved(self) -> bool:
+        """Whether the policy chose a whole victim less than `EXPLORE_SHARE`
+        of the tier's evictions lately (so the first after 20 evictions),
+        while more than that share of 0s were proven wrong: 0s wrong less
+        often go first whatever the policy's victims are worth (`r <= v` from
+        age 0 for any `v` above it), and reading `v` would only cost them."""
+        return (
+            self._victims + 1.0 <= EXPLORE_SHARE * self._evictions
+            and self.often_wrong()
+        )
+
+    def often_wrong(self) -> bool:
+        """Whether more than `EXPLORE_SHARE` of the 0s lately were proven
+        wrong (read at each eviction: kept until a count of 0s changes)."""
+        often = self._often_wrong
+        if often is None:
+            often = self._often_wrong = self.rate > EXPLORE_SHARE
+        return often
 
     def believed_at_once(self, kind: int) -> bool:
         """Whether a 0 of `kind` given now is believed at once."""
@@ -133,6 +178,7 @@ class ZeroTrust:
             proofs = self._proofs[kind]
             proofs[:] = [count / 2 for count in proofs]
         self._wait[kind] = None
+        self._often_wrong = None
 
     def proven(self, marks: Iterable[int]) -> None:
         """Chunks hinted 0 were asked for again (their 0s' marks,
@@ -146,6 +192,7 @@ class ZeroTrust:
                 proofs.extend([0.0] * (bits + 1 - len(proofs)))
             proofs[bits] += 1
             wait[kind] = None
+        self._often_wrong = None
 
     def evicted(
         self,
@@ -167,12 +214,18 @@ class ZeroTrust:
         popitem = gone.popitem
         for _ in range(len(gone) - self.capacity):
             popitem(False)  # the oldest
-        victims = unhinted
-        if victims:
-            self._victims += len(victims)
-            if self._victims > self._window:
-                self._victims /= 2
-                self._victims_back /= 2
+        self._evictions += len(zeros) + len(unhinted)
+        if unhinted:
+            self._victims += len(unhinted)
+            self._wait = [None, None]
+        if self.clock - self._aged_at >= self.capacity:
+            # `v` follows the tier's evictions, not the policy's alone: where
+            # 0s take nearly all of them, victims counted long ago, when the
+            # policy chose differently, would stand for it indefinitely.
+            self._aged_at = self.clock
+            self._victims /= 2
+            self._victims_back /= 2
+            self._evictions /= 2
             self._wait = [None, None]
 
     def stored(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
