@@ -128,7 +128,10 @@ class EvictionPolicy(ABC):
     """Orders resident chunks and chooses which to evict.
 
     Contract (checked by the contract suite for every registered policy):
-    - `insert` adds a chunk that is not resident; `remove` drops one silently.
+    - `insert` adds a chunk that is not resident; `remove` drops one silently;
+      `evicted_for` drops chunks the tier evicted in the policy's place (by
+      default as `remove` does; a policy may learn that they were not its own
+      choice).
     - `touch(keys, new)` takes one request's keys in prefix order and leaves the
       head most recently used. Keys in `new` were stored by that same request:
       their recency changes, but they do not count as reused. Unknown keys are
