@@ -142,7 +142,7 @@ class ARCPolicy(EvictionPolicy):
         p = self._p
         b1, b2 = len(self._b1), len(self._b2)
         last_in_b2 = False
-        weight = self._ghost_weight() if self._others else 1.0
+        weight = self._ghost_weight()
         # Textbook steps, delta = max(1, |B2| // |B1|), with the ghost lists
         # shrinking as each key leaves them. Integer division reproduces the
         # reference ARC of traces/README.md to 0.001 (real division: 0.143

@@ -210,11 +210,12 @@ class ZeroTrust:
             gone[key] = mark
         for key in unhinted:
             gone[key] = _UNHINTED
-        self.clock += len(zeros) + len(unhinted)
+        left = len(zeros) + len(unhinted)
+        self.clock += left
         popitem = gone.popitem
         for _ in range(len(gone) - self.capacity):
             popitem(False)  # the oldest
-        self._evictions += len(zeros) + len(unhinted)
+        self._evictions += left
         if unhinted:
             self._victims += len(unhinted)
             self._wait = [None, None]
